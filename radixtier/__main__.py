@@ -1,0 +1,5 @@
+import sys
+
+from radixtier.cli import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""`radixtier` command line: demo, format, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import List, Optional
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
+          "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """'4MiB', '256k', '1g', '4096' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size like 4096, 256KiB, 4MiB or 10GiB, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _cmd_format(a: argparse.Namespace) -> int:
+    from radixtier.storage.nvmeof_store import format_namespace
+
+    sb = format_namespace(a.path, a.page_bytes, a.capacity, a.partitions, force=a.force)
+    print(f"formatted {a.path}: uuid {sb.uuid}, {sb.slot_count} slots of {sb.page_bytes} bytes "
+          f"({sb.partitions} partition(s), {sb.total_bytes / 2**30:.2f} GiB)")
+    return 0
+
+
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from radixtier.storage.inspect import inspect_namespace
+
+    bar = tqdm(desc="verify", unit="page", file=sys.stderr, disable=not a.verify)
+    try:
+        rep = inspect_namespace(a.path, verify=a.verify, progress=bar.update)
+    finally:
+        bar.close()
+    if a.json:
+        print(json.dumps(rep, indent=2))
+        return 1 if rep["errors"] else 0
+    print(f"{rep['path']}: radixtier namespace v{rep['version']} uuid {rep['uuid']}")
+    print(f"  page bytes {rep['page_bytes']}, slot bytes {rep['slot_bytes']}, {rep['slots']} slots, "
+          f"{rep['used']} used ({100 * rep['used'] / max(1, rep['slots']):.1f}%)")
+    print(f"  {'partition':>9s} {'slots':>8s} {'used':>8s}  owner (state)")
+    for p in rep["partitions"]:
+        state = "-" if p["clean"] is None else ("clean" if p["clean"] else "open or crashed")
+        print(f"  {p['partition']:9d} {p['slots']:8d} {p['used']:8d}  {p['owner'] or '-'} ({state})")
+    if rep["verified"]:
+        print(f"  errors: {len(rep['errors'])}")
+        for e in rep["errors"][:20]:
+            print(f"    partition {e['partition']} slot {e['slot']} key {e['key']}: {e['error']}")
+    return 1 if rep["errors"] else 0
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from radixtier.demo import run_demo
+
+    return run_demo(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="radixtier",
+                                 description="Three-tier (HBM / DRAM / NVMe-oF) prefix KV cache for SGLang.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    d = sub.add_parser("demo", help="serve a multi-turn and an agent workload through the tiers; TTFT vs recompute")
+    from radixtier.demo import add_demo_arguments
+
+    add_demo_arguments(d)
+    d.set_defaults(fn=_cmd_demo)
+    f = sub.add_parser("format", help="format a block device or file as a radixtier namespace")
+    f.add_argument("path", help="block device (e.g. /dev/nvme1n1) or file")
+    f.add_argument("--page-bytes", type=parse_bytes, required=True, help="bytes per KV page (e.g. 256KiB)")
+    f.add_argument("--capacity", type=parse_bytes, default=None,
+                   help="namespace size (default: the whole device; required for a new file)")
+    f.add_argument("--partitions", type=int, default=1, help="slot ranges, one per node sharing it (1..64)")
+    f.add_argument("--force", action="store_true", help="overwrite an existing namespace or other data")
+    f.set_defaults(fn=_cmd_format)
+    i = sub.add_parser("inspect", help="report slots used, pages and errors of a namespace (read-only)")
+    i.add_argument("path")
+    i.add_argument("--verify", action="store_true", help="read every used page and check it")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=_cmd_inspect)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if not getattr(a, "fn", None):
+        ap.print_help()
+        return 2
+    try:
+        return a.fn(a)
+    except (ValueError, FileNotFoundError, RuntimeError, PermissionError) as exc:
+        print(f"radixtier {a.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

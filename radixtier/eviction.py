@@ -1,0 +1,153 @@
+"""Eviction order over a forest of keys: leaves first, least recently used first.
+
+Shared by the radix tree (one order per tier, keyed by node id) and by the tier-3 page store
+(keyed by page hash, parents taken from the hash chain), so flash evicts in the same
+prefix-aware order as memory. A key is evictable when it is unpinned and, in leaves-first
+mode, no child of it is present in the same order. Victim selection is O(log n): only
+evictable keys sit in the sorted structure, so no eviction scans the whole set.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, Hashable, Iterator, List, Optional
+
+from sortedcontainers import SortedDict
+
+LEAVES_FIRST = "leaves_first"
+PLAIN_LRU = "lru"
+EVICTION_MODES = (LEAVES_FIRST, PLAIN_LRU)
+
+
+class _Entry:
+    __slots__ = ("key", "parent", "children", "stamp", "pins")
+
+    def __init__(self, key: Hashable, parent: Optional["_Entry"], stamp: int) -> None:
+        self.key = key
+        self.parent = parent  # the parent's entry object: a removed parent is detached, not looked up
+        self.children = 0
+        self.stamp = stamp
+        self.pins = 0
+
+
+class EvictionOrder:
+    """Leaves-first LRU (or plain per-key LRU, for comparison) with pinning."""
+
+    def __init__(self, mode: str = LEAVES_FIRST) -> None:
+        if mode not in EVICTION_MODES:
+            raise ValueError(f"eviction mode: expected one of {EVICTION_MODES}, got {mode!r}")
+        self.mode = mode
+        self._entries: Dict[Hashable, _Entry] = {}
+        self._evictable: SortedDict = SortedDict()  # stamp -> key
+        self._clock = itertools.count(1)
+
+    # -- queries -----------------------------------------------------------------------
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._entries)
+
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def children_of(self, key: Hashable) -> int:
+        return self._entries[key].children
+
+    def parent_of(self, key: Hashable) -> Optional[Hashable]:
+        p = self._live_parent(self._entries[key])
+        return None if p is None else p.key
+
+    def is_evictable(self, key: Hashable) -> bool:
+        e = self._entries.get(key)
+        return e is not None and e.stamp in self._evictable
+
+    def victims(self, limit: int) -> List[Hashable]:
+        """Up to `limit` keys in eviction order (an evicted leaf may expose its parent; call again)."""
+        return list(itertools.islice(self._evictable.values(), max(0, limit)))
+
+    def peek_victim(self) -> Optional[Hashable]:
+        if not self._evictable:
+            return None
+        return self._evictable.peekitem(0)[1]
+
+    # -- updates -----------------------------------------------------------------------
+    def add(self, key: Hashable, parent: Optional[Hashable] = None, pinned: bool = False) -> None:
+        """Insert a key (or touch it if present). A parent not in this order counts as absent."""
+        if key in self._entries:
+            self.touch(key)
+            return
+        e = _Entry(key, self._entries.get(parent) if parent is not None else None, next(self._clock))
+        e.pins = 1 if pinned else 0
+        self._entries[key] = e
+        if e.parent is not None:
+            self._change_children(e.parent, +1)
+        self._refresh(e)
+
+    def remove(self, key: Hashable) -> None:
+        """Drop a key; its children (if any were forced out of order) become roots."""
+        e = self._entries.pop(key, None)
+        if e is None:
+            return
+        self._evictable.pop(e.stamp, None)
+        p = self._live_parent(e)
+        if p is not None:
+            self._change_children(p, -1)
+
+    def touch(self, key: Hashable) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            return
+        was = self._evictable.pop(e.stamp, None) is not None
+        e.stamp = next(self._clock)
+        if was:
+            self._evictable[e.stamp] = key
+
+    def set_parent(self, key: Hashable, parent: Optional[Hashable]) -> None:
+        e = self._entries[key]
+        new_parent = self._entries.get(parent) if parent is not None else None
+        old = self._live_parent(e)
+        if old is new_parent:
+            return
+        if old is not None:
+            self._change_children(old, -1)
+        e.parent = new_parent
+        if new_parent is not None:
+            self._change_children(new_parent, +1)
+
+    def pin(self, key: Hashable) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            return
+        e.pins += 1
+        self._refresh(e)
+
+    def unpin(self, key: Hashable) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            return
+        if e.pins <= 0:
+            raise RuntimeError(f"unpin of key {key!r} that is not pinned")
+        e.pins -= 1
+        self._refresh(e)
+
+    # -- internals ---------------------------------------------------------------------
+    def _live_parent(self, e: _Entry) -> Optional[_Entry]:
+        p = e.parent
+        if p is not None and self._entries.get(p.key) is not p:
+            e.parent = None  # the parent was removed while this key stayed
+            return None
+        return p
+
+    def _change_children(self, p: _Entry, delta: int) -> None:
+        p.children += delta
+        self._refresh(p)
+
+    def _refresh(self, e: _Entry) -> None:
+        if e.pins == 0 and (self.mode == PLAIN_LRU or e.children == 0):
+            self._evictable[e.stamp] = e.key
+        else:
+            self._evictable.pop(e.stamp, None)

@@ -1,0 +1,128 @@
+"""Fixed-size page pools: one tensor per tier, a slot per KV page.
+
+The device pool lives on CUDA when present (cpu otherwise, for tests); the host pool is
+pinned when CUDA is present so device<->host copies can run asynchronously on streams.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+
+class PoolExhausted(RuntimeError):
+    """Raised when a pool has fewer free slots than asked for (callers evict, then retry)."""
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when present else cpu; 'cuda' without CUDA is a configuration error."""
+    if device == "auto":
+        return torch.device("cuda" if cuda_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}") from exc
+    if dev.type == "cuda" and not cuda_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    return dev
+
+
+HOST_ALIGN = 4096
+
+
+def _allocate(num_pages: int, shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              pin: bool) -> torch.Tensor:
+    """Zeroed pool tensor; on the host it starts on a 4 KiB boundary so O_DIRECT can read into its pages."""
+    if device.type != "cpu":
+        return torch.zeros((num_pages,) + shape, dtype=dtype, device=device)
+    elem = torch.empty((), dtype=dtype).element_size()
+    nbytes = num_pages * elem
+    for d in shape:
+        nbytes *= d
+    raw = torch.zeros(nbytes + HOST_ALIGN, dtype=torch.uint8, pin_memory=pin)
+    skip = (-raw.data_ptr()) % HOST_ALIGN
+    return raw[skip:skip + nbytes].view(dtype).view((num_pages,) + shape)
+
+
+class PagePool:
+    """`num_pages` slots of `page_shape` elements each, with a free-slot allocator."""
+
+    def __init__(self, name: str, num_pages: int, page_shape: Sequence[int], dtype: torch.dtype,
+                 device: torch.device, pin_memory: bool = False) -> None:
+        if not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages <= 0:
+            raise ValueError(f"{name}_pages: expected a positive integer, got {num_pages!r}")
+        shape = tuple(int(d) for d in page_shape)
+        if not shape or any(d <= 0 for d in shape):
+            raise ValueError(f"page_shape: expected positive dimensions, got {tuple(page_shape)!r}")
+        self.name = name
+        self.num_pages = num_pages
+        self.page_shape = shape
+        self.dtype = dtype
+        self.device = device
+        pin = bool(pin_memory and device.type == "cpu" and cuda_available())
+        self.pinned = pin
+        self.buffer = _allocate(num_pages, shape, dtype, device, pin)
+        self.page_bytes = self.buffer[0].numel() * self.buffer.element_size()
+        self._lock = threading.Lock()
+        self._free: List[int] = list(range(num_pages - 1, -1, -1))
+        self._used = bytearray(num_pages)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def alloc(self, n: int) -> List[int]:
+        if n < 0:
+            raise ValueError(f"{self.name} pool: cannot allocate {n} slots")
+        with self._lock:
+            if n > len(self._free):
+                raise PoolExhausted(
+                    f"{self.name} pool: need {n} free page slots, {len(self._free)} of {self.num_pages} free")
+            slots = [self._free.pop() for _ in range(n)]
+            for s in slots:
+                self._used[s] = 1
+            return slots
+
+    def try_alloc(self, n: int) -> Optional[List[int]]:
+        try:
+            return self.alloc(n)
+        except PoolExhausted:
+            return None
+
+    def free(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            for s in slots:
+                if not 0 <= s < self.num_pages:
+                    raise ValueError(f"{self.name} pool: slot {s} out of range 0..{self.num_pages - 1}")
+                if not self._used[s]:
+                    raise RuntimeError(f"{self.name} pool: double free of slot {s}")
+                self._used[s] = 0
+                self._free.append(s)
+
+    def index(self, slots: Sequence[int]) -> torch.Tensor:
+        return torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
+
+    def page(self, slot: int) -> torch.Tensor:
+        return self.buffer[slot]
+
+    def read(self, slots: Sequence[int]) -> torch.Tensor:
+        """Gather pages into a new tensor [len(slots), *page_shape] on the pool's device."""
+        return self.buffer.index_select(0, self.index(slots))
+
+    def write(self, slots: Sequence[int], pages: torch.Tensor) -> None:
+        expected: Tuple[int, ...] = (len(slots),) + self.page_shape
+        if tuple(pages.shape) != expected:
+            raise ValueError(f"{self.name} pool write: expected pages of shape {expected}, got {tuple(pages.shape)}")
+        self.buffer.index_copy_(0, self.index(slots), pages.to(device=self.device, dtype=self.dtype))

@@ -1,0 +1,194 @@
+"""A minimal serving loop that measures TTFT: clients, one model worker, and a KV path.
+
+Clients send each session's requests in order (closed loop, `concurrency` clients at once);
+a single worker runs prefill FIFO, as a scheduler with batch size 1 would. The KV path decides
+what is reused: nothing (recompute), or a prefix served through a TieredKVCache. Prefetch
+starts when a request arrives, so tier-3 reads overlap the queueing and the other requests'
+compute: that overlap, and parallel reads, are where tiering wins its time back.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from radixtier.cache import TieredKVCache
+from radixtier.policies import PrefetchPolicy
+from radixtier.tiers import Tier
+from radixtier.toymodel import ToyLlama
+from radixtier.workloads import Request, Session
+
+
+@dataclass
+class RequestResult:
+    session: str
+    turn: int
+    prompt_tokens: int
+    reused_tokens: int
+    ttft_s: float
+    first_token: int
+    hits: Dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Loaded:
+    """What a KV path found for a request: the reusable prefix pages (or None) and where they came from."""
+
+    handle: object
+    pages: Optional[torch.Tensor]
+    hits: Dict[str, int] = field(default_factory=dict)
+
+
+class RecomputePath:
+    """No KV reuse: every request prefills its whole prompt."""
+
+    name = "recompute"
+
+    def on_arrival(self, tokens: List[int]):
+        return None
+
+    def load(self, ctx, tokens: List[int]) -> Loaded:
+        return Loaded(None, None)
+
+    def save(self, loaded: Loaded, tokens: List[int], pages: torch.Tensor, first_page: int) -> None:
+        pass
+
+    def finish(self, loaded: Loaded) -> None:
+        pass
+
+
+class TieredPath:
+    """Prefix reuse through a TieredKVCache; `prefetch_on_arrival=False` reads in the critical path."""
+
+    def __init__(self, cache: TieredKVCache, name: str = "radixtier", prefetch_on_arrival: bool = True,
+                 policy: str = PrefetchPolicy.WAIT_COMPLETE) -> None:
+        self.cache, self.name = cache, name
+        self.prefetch_on_arrival, self.policy = prefetch_on_arrival, policy
+
+    def on_arrival(self, tokens: List[int]):
+        return self.cache.prefetch(tokens) if self.prefetch_on_arrival else None
+
+    def load(self, ctx, tokens: List[int]) -> Loaded:
+        h = ctx if ctx is not None else self.cache.prefetch(tokens)
+        r = h.load(self.policy)
+        ps = self.cache.config.page_size
+        usable = min(r.num_pages, (len(tokens) - 1) // ps)  # at least one token must still run
+        hits: Dict[str, int] = {}
+        left = usable * ps
+        for tier in (Tier.DEVICE, Tier.HOST, Tier.STORAGE, Tier.REMOTE):
+            take = min(left, r.hits_by_tier.get(tier, 0))
+            if take:
+                hits[tier.label] = take
+            left -= take
+        pages = self.cache.gather(r.device_slots[:usable]) if usable else None
+        return Loaded(h, pages, hits)
+
+    def save(self, loaded: Loaded, tokens: List[int], pages: torch.Tensor, first_page: int) -> None:
+        if pages.shape[0]:
+            self.cache.insert(tokens, pages, first_page=first_page)
+
+    def finish(self, loaded: Loaded) -> None:
+        loaded.handle.release()
+
+
+def serve(model: ToyLlama, path, sessions: List[Session], concurrency: int,
+          on_done: Optional[Callable[[RequestResult], None]] = None) -> Tuple[List[RequestResult], float]:
+    """Run the workload; returns per-request results and the wall time."""
+    if concurrency <= 0:
+        raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
+    work: "queue.Queue" = queue.Queue()
+    results: List[RequestResult] = []
+    errors: List[BaseException] = []
+    lock = threading.Lock()
+    ps = model.page_size
+
+    def worker() -> None:
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            req, ctx, arrival, box, done = item
+            try:
+                loaded = path.load(ctx, req.tokens)
+                reused = 0 if loaded.pages is None else loaded.pages.shape[0]
+                first, new = model.prefill(req.tokens, loaded.pages)
+                ttft = time.perf_counter() - arrival
+                path.save(loaded, req.tokens, new, reused)
+                path.finish(loaded)
+                box.append(RequestResult(req.session, req.turn, len(req.tokens), reused * ps, ttft, first,
+                                         loaded.hits))
+            except BaseException as exc:  # reported to the client thread
+                box.append(exc)
+            finally:
+                done.set()
+
+    def client(my_sessions: List[Session]) -> None:
+        # A client's users take turns (turn 0 of each session, then turn 1, ...), as chat users
+        # interleave: a session's next turn comes after the others have pushed its KV down-tier.
+        longest = max((len(x) for x in my_sessions), default=0)
+        interleaved = [sess[t] for t in range(longest) for sess in my_sessions if t < len(sess)]
+        for req in interleaved:
+            arrival = time.perf_counter()
+            ctx = path.on_arrival(req.tokens)
+            box: list = []
+            done = threading.Event()
+            work.put((req, ctx, arrival, box, done))
+            done.wait()
+            res = box[0]
+            if isinstance(res, BaseException):
+                errors.append(res)
+                return
+            with lock:
+                results.append(res)
+            if on_done is not None:
+                on_done(res)
+
+    w = threading.Thread(target=worker, name="radixtier-model", daemon=True)
+    w.start()
+    buckets: List[List[Session]] = [sessions[i::concurrency] for i in range(concurrency)]
+    t0 = time.perf_counter()
+    clients = [threading.Thread(target=client, args=(b,), daemon=True) for b in buckets if b]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    wall = time.perf_counter() - t0
+    work.put(None)
+    w.join()
+    if errors:
+        raise errors[0]
+    return results, wall
+
+
+def percentile(xs: List[float], p: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(len(xs) - 1, int(k) + 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(results: List[RequestResult], wall: float) -> Dict[str, object]:
+    ttfts = [r.ttft_s for r in results]
+    prompt = sum(r.prompt_tokens for r in results)
+    reused = sum(r.reused_tokens for r in results)
+    by_tier: Dict[str, int] = {}
+    for r in results:
+        for k, v in r.hits.items():
+            by_tier[k] = by_tier.get(k, 0) + v
+    return {
+        "requests": len(results), "wall_s": wall,
+        "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
+        "throughput_rps": len(results) / wall if wall else 0.0,
+        "prompt_tokens_per_s": prompt / wall if wall else 0.0,
+        "hit_rate": reused / prompt if prompt else 0.0,
+        "hit_tokens_by_tier": by_tier,
+    }

@@ -1,0 +1,679 @@
+"""NvmeofPageStore: the tier-3 page store on an NVMe-oF namespace (block device) or a file.
+
+What it guarantees:
+- a read returns a page only after proving it: slot header (key, generation, length, slot,
+  namespace uuid, crc) and payload checksum all match; anything else is a miss and the slot
+  is freed, so a torn, stale or corrupt page is never served;
+- a page is durable before the slot table (the on-device key->slot index) names it, and the
+  table is what a restarted process recovers from; after an unclean stop every recovered
+  entry is re-checked against its slot header before it is believed;
+- I/O is parallel (`queue_depth` in flight, io_uring or a preadv/pwritev pool), adjacent
+  slots are coalesced into one vectored I/O, and aligned caller buffers are read into
+  directly with O_DIRECT (unaligned ones go through an aligned bounce buffer);
+- when full it evicts leaves first, least recently used first, over the hash chain (the
+  tree's order), never a page that is being read;
+- several nodes may attach one namespace: each writes only its own partition (a slot range
+  and its own table blocks) and reads any slot by (slot, generation), verified.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
+from radixtier.storage.io_engine import IOV_MAX, IOOp, aligned_buffer, make_engine
+from radixtier.storage.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, OWNER_BYTES,
+                                      OWNER_CLEAN, OWNER_DIRTY, FormatError, OwnerRecord, SlotHeader,
+                                      Superblock, TableEntry, align_up, checksum)
+from radixtier.storage.page_store import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
+from radixtier.storage.target import Target, open_target
+
+log = logging.getLogger("radixtier.storage.nvmeof")
+
+MAX_IO_BYTES = 32 << 20  # upper bound of one coalesced I/O
+VERIFY_MODES = ("auto", "none", "headers", "full")
+_OPEN_PARTITIONS: Dict[Tuple[int, int, int], str] = {}  # (st_dev, st_ino, partition) -> path, this process
+_OPEN_LOCK = threading.Lock()
+
+
+@dataclass
+class _Slot:
+    slot: int
+    generation: int
+    length: int
+    checksum: int
+    parent: Optional[bytes]
+
+
+@dataclass
+class StoreCounters:
+    reads: int = 0
+    read_bytes: int = 0
+    writes: int = 0
+    write_bytes: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    evictions: int = 0
+    io_errors: int = 0
+    bounced: int = 0
+
+    def as_dict(self) -> Dict[str, int]:
+        return dict(self.__dict__)
+
+
+def _segments(buf) -> List[memoryview]:
+    """A page buffer, or a list of segments (e.g. SGLang's K and V pointers for one page)."""
+    if isinstance(buf, list) or (isinstance(buf, tuple) and not (len(buf) == 2 and all(isinstance(x, int) for x in buf))):
+        return [buffer_view(b) for b in buf]
+    return [buffer_view(buf)]
+
+
+def _check_key(key: bytes) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key: expected {KEY_BYTES} bytes (a page hash), got {type(key).__name__} "
+                         f"of length {len(key) if hasattr(key, '__len__') else '?'}")
+    return bytes(key)
+
+
+def _read_block(t: Target, offset: int, nbytes: int) -> bytes:
+    buf = aligned_buffer(align_up(nbytes))
+    n = os.preadv(t.fd, [buf], offset)
+    return bytes(buf[:max(0, min(n, nbytes))]).ljust(nbytes, b"\x00")
+
+
+def _write_block(t: Target, offset: int, data: bytes) -> None:
+    buf = aligned_buffer(align_up(len(data)))
+    buf[:len(data)] = data
+    os.pwritev(t.fd, [buf], offset)
+
+
+def _flock_struct(start: int) -> bytes:
+    return struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
+
+
+def format_namespace(path: str, page_bytes: int, capacity_bytes: Optional[int] = None, partitions: int = 1,
+                     force: bool = False, direct: bool = True) -> Superblock:
+    """Write a fresh superblock and empty tables. Refuses to overwrite anything unless force=True."""
+    if not isinstance(page_bytes, int) or isinstance(page_bytes, bool) or page_bytes <= 0:
+        raise ValueError(f"page_bytes: expected a positive integer, got {page_bytes!r}")
+    if capacity_bytes is not None and (not isinstance(capacity_bytes, int) or capacity_bytes <= 0):
+        raise ValueError(f"capacity: expected a positive number of bytes, got {capacity_bytes!r}")
+    exists = os.path.exists(path)
+    if not exists and capacity_bytes is None:
+        raise ValueError(f"capacity: required to create the file namespace {path}")
+    t = open_target(path, create_bytes=capacity_bytes or 0, direct=direct)
+    try:
+        if not force and exists and t.size > 0:
+            head = _read_block(t, 0, BLOCK)
+            try:
+                sb = Superblock.unpack(head, path)
+                raise FormatError(f"{path}: already a radixtier namespace (uuid {sb.uuid}, page_bytes "
+                                  f"{sb.page_bytes}, {sb.slot_count} slots); pass --force to erase it")
+            except FormatError as exc:
+                if "already" in str(exc):
+                    raise
+                if any(head):
+                    raise FormatError(f"{path}: holds other data (block 0 is not empty); "
+                                      f"pass --force to overwrite it") from None
+        total = t.size if capacity_bytes is None else capacity_bytes
+        if total > t.size:
+            if t.is_block:
+                raise ValueError(f"capacity: {total} bytes asked, device {path} has {t.size}")
+            os.ftruncate(t.fd, total)
+        sb = Superblock.plan(page_bytes, total, partitions, time.time_ns())
+        zero = aligned_buffer(1 << 20)
+        off, end = BLOCK, sb.data_offset  # owner table + slot table
+        while off < end:
+            n = min(len(zero), end - off)
+            os.pwritev(t.fd, [zero[:n]], off)
+            off += n
+        os.fsync(t.fd)
+        _write_block(t, 0, sb.pack())  # the superblock goes last: a half-formatted target has none
+        os.fsync(t.fd)
+        return sb
+    finally:
+        t.close()
+
+
+def read_superblock(path: str) -> Superblock:
+    t = open_target(path, direct=False, readonly=True)
+    try:
+        return Superblock.unpack(_read_block(t, 0, BLOCK), path)
+    finally:
+        t.close()
+
+
+class NvmeofPageStore:
+    """Tier-3 page store over one partition of a namespace (see module docstring)."""
+
+    def __init__(self, path: str, page_bytes: Optional[int] = None, *, partition: int = 0,
+                 node_id: str = "local", create_bytes: int = 0, partitions: int = 1,
+                 io_engine: str = "auto", queue_depth: int = 16, direct: bool = True, sync: bool = True,
+                 eviction: str = LEAVES_FIRST, verify: str = "auto") -> None:
+        if eviction not in EVICTION_MODES:
+            raise ValueError(f"eviction: expected one of {', '.join(EVICTION_MODES)}, got {eviction!r}")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify: expected one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+        if not isinstance(node_id, str) or not node_id or len(node_id.encode()) > 48:
+            raise ValueError(f"node_id: expected a non-empty string of at most 48 bytes, got {node_id!r}")
+        if page_bytes is not None and (not isinstance(page_bytes, int) or page_bytes <= 0):
+            raise ValueError(f"page_bytes: expected a positive integer, got {page_bytes!r}")
+        self.path = path
+        self.node_id = node_id
+        self.sync = sync
+        if not os.path.exists(path) or (create_bytes and os.path.isfile(path) and os.path.getsize(path) == 0):
+            if not create_bytes or page_bytes is None:
+                raise FileNotFoundError(f"path: {path} is not a formatted namespace; give page_bytes and "
+                                        f"create_bytes to create one, or run `radixtier format`")
+            format_namespace(path, page_bytes, create_bytes, partitions, direct=direct)
+        self._t = open_target(path, direct=direct)
+        self._lock_key: Optional[Tuple[int, int, int]] = None
+        self._engine = None
+        try:
+            self._open(page_bytes, partition, verify, eviction, io_engine, queue_depth)
+        except BaseException:
+            self._release_partition()
+            self._t.close()
+            raise
+
+    # ---------------------------------------------------------------- opening and recovery
+    def _open(self, page_bytes, partition, verify, eviction, io_engine, queue_depth) -> None:
+        sb = Superblock.unpack(_read_block(self._t, 0, BLOCK), self.path)
+        if page_bytes is not None and sb.page_bytes != page_bytes:
+            raise FormatError(f"{self.path}: formatted with page_bytes={sb.page_bytes}, asked for "
+                              f"page_bytes={page_bytes}; reformat it (`radixtier format --force`) or use "
+                              f"a matching page size")
+        if sb.total_bytes > self._t.size:
+            raise FormatError(f"{self.path}: superblock describes {sb.total_bytes} bytes, target has {self._t.size}")
+        if not isinstance(partition, int) or not 0 <= partition < sb.partitions:
+            raise ValueError(f"partition: expected 0..{sb.partitions - 1} for {self.path}, got {partition!r}")
+        self.sb = sb
+        self.uuid = sb.uuid
+        self.page_bytes = sb.page_bytes
+        self.partition = partition
+        self._range = sb.partition_range(partition)
+        self.capacity_pages = len(self._range)
+        self._claim_partition()
+        self._engine = make_engine(io_engine, queue_depth)
+        self.io_engine = self._engine.name
+        self.direct = self._t.direct
+        self.counters = StoreCounters()
+        self._lock = threading.Lock()
+        self._table_lock = threading.Lock()
+        self._index: Dict[bytes, _Slot] = {}
+        self._order = EvictionOrder(eviction)
+        self._readers: Dict[bytes, int] = {}
+        self._evicted: List[bytes] = []
+        owner_raw = _read_block(self._t, BLOCK, BLOCK)
+        off = partition * OWNER_BYTES
+        prev = OwnerRecord.unpack(owner_raw[off:off + OWNER_BYTES])
+        if prev is not None and prev.node_id != self.node_id:
+            log.warning("radixtier: %s partition %d was owned by node %r; node %r takes it over",
+                        self.path, partition, prev.node_id, self.node_id)
+        unclean = prev is not None and prev.state == OWNER_DIRTY
+        self._write_owner(OWNER_DIRTY)
+        first = self._range.start
+        nbytes = len(self._range) * ENTRY_BYTES
+        self._table_base = sb.entry_offset(first)
+        self._table = bytearray(_read_block(self._t, self._table_base, nbytes))
+        used = []
+        for i in range(len(self._range)):
+            e = TableEntry.unpack(bytes(self._table[i * ENTRY_BYTES:(i + 1) * ENTRY_BYTES]))
+            if e is not None and e.length <= sb.page_bytes:
+                used.append((first + i, e))
+        mode = verify if verify != "auto" else ("headers" if unclean else "none")
+        self.recovery = {"entries": len(used), "dropped": 0, "verify": mode, "unclean": unclean}
+        if mode != "none":
+            bad = self._verify_slots(used, full=(mode == "full"))
+            self.recovery["dropped"] = len(bad)
+            if bad:
+                for slot in bad:
+                    self._set_entry(slot, None)
+                self._flush_table(sorted({self._entry_block(s) for s in bad}))
+                used = [(s, e) for s, e in used if s not in bad]
+        gen = 0
+        for slot, e in sorted(used, key=lambda se: se[1].generation):
+            if e.key in self._index:  # two slots claim one key: keep the newer
+                old = self._index.pop(e.key)
+                self._set_entry(old.slot, None)
+            self._index[e.key] = _Slot(slot, e.generation, e.length, e.checksum, e.parent)
+            gen = max(gen, e.generation)
+        for key, s in self._index.items():
+            self._order.add(key, None)
+        for key, s in self._index.items():
+            if s.parent is not None:
+                self._order.set_parent(key, s.parent)
+        taken = {s.slot for s in self._index.values()}
+        self._free = [s for s in reversed(self._range) if s not in taken]
+        self._next_gen = gen + 1
+        if self.recovery["entries"]:
+            log.info("radixtier: %s partition %d: recovered %d pages (%d dropped, verify=%s)", self.path,
+                     partition, len(self._index), self.recovery["dropped"], mode)
+
+    def _claim_partition(self) -> None:
+        st = os.fstat(self._t.fd)
+        key = (st.st_dev, st.st_ino, self.partition) if not self._t.is_block else (st.st_rdev, 0, self.partition)
+        with _OPEN_LOCK:
+            if key in _OPEN_PARTITIONS:
+                raise RuntimeError(f"partition {self.partition} of {self.path} is already open in this process")
+            try:  # open-file-description lock: another process holding this partition makes this fail
+                fcntl.fcntl(self._t.fd, fcntl.F_OFD_SETLK, _flock_struct(BLOCK + self.partition))
+            except OSError as exc:
+                raise RuntimeError(f"partition {self.partition} of {self.path} is open in another process "
+                                   f"({exc.strerror}); give each node its own partition") from None
+            _OPEN_PARTITIONS[key] = self.path
+            self._lock_key = key
+
+    def _release_partition(self) -> None:
+        with _OPEN_LOCK:
+            if self._lock_key is not None:
+                _OPEN_PARTITIONS.pop(self._lock_key, None)
+                self._lock_key = None
+
+    def _write_owner(self, state: int) -> None:
+        raw = bytearray(_read_block(self._t, BLOCK, BLOCK))
+        off = self.partition * OWNER_BYTES
+        raw[off:off + OWNER_BYTES] = OwnerRecord(self.node_id, state, time.time_ns()).pack()
+        _write_block(self._t, BLOCK, bytes(raw))
+        os.fsync(self._t.fd)
+
+    def _verify_slots(self, used: List[Tuple[int, TableEntry]], full: bool) -> set:
+        """Slots whose header (and, if full, payload) does not match their table entry."""
+        bad = set()
+        batch = 256
+        for i in range(0, len(used), batch):
+            part = used[i:i + batch]
+            size = HEADER_BYTES + (align_up(self.sb.page_bytes) if full else 0)
+            buf = aligned_buffer(size * len(part))
+            ops = [IOOp(False, self._t.fd, self.sb.slot_offset(s), [buf[j * size:(j + 1) * size]])
+                   for j, (s, _e) in enumerate(part)]
+            res = self._engine.run(ops)
+            for j, ((slot, e), r) in enumerate(zip(part, res)):
+                view = buf[j * size:(j + 1) * size]
+                if r < size or not self._header_ok(view, slot, e.key, e.generation, e.length, e.checksum):
+                    bad.add(slot)
+                elif full and checksum(view[HEADER_BYTES:HEADER_BYTES + e.length]) != e.checksum:
+                    bad.add(slot)
+        return bad
+
+    # ---------------------------------------------------------------- table
+    def _entry_block(self, slot: int) -> int:
+        return (slot - self._range.start) * ENTRY_BYTES // BLOCK
+
+    def _set_entry(self, slot: int, entry: Optional[TableEntry]) -> None:
+        i = (slot - self._range.start) * ENTRY_BYTES
+        self._table[i:i + ENTRY_BYTES] = entry.pack() if entry is not None else FREE_ENTRY
+
+    def _flush_table(self, blocks: Sequence[int]) -> None:
+        """Write table blocks (whole 4 KiB blocks from the in-memory copy), then make them durable."""
+        if not blocks:
+            return
+        with self._table_lock:
+            ops, runs = [], []
+            for b in sorted(set(blocks)):
+                if runs and runs[-1][1] == b:
+                    runs[-1][1] = b + 1
+                else:
+                    runs.append([b, b + 1])
+            for lo, hi in runs:
+                buf = aligned_buffer((hi - lo) * BLOCK)
+                with self._lock:
+                    buf[:] = self._table[lo * BLOCK:hi * BLOCK]
+                ops.append(IOOp(True, self._t.fd, self._table_base + lo * BLOCK, [buf]))
+            res = self._engine.run(ops)
+            if any(r < op.nbytes for r, op in zip(res, ops)):
+                self.counters.io_errors += 1
+                raise OSError(f"{self.path}: slot table write failed")
+            if self.sync:
+                os.fdatasync(self._t.fd)
+
+    # ---------------------------------------------------------------- queries
+    def exists(self, keys: Sequence[bytes]) -> List[bool]:
+        with self._lock:
+            return [bytes(k) in self._index for k in keys]
+
+    def leading_run(self, keys: Sequence[bytes]) -> int:
+        with self._lock:
+            n = 0
+            for k in keys:
+                if bytes(k) not in self._index:
+                    break
+                n += 1
+            return n
+
+    def location(self, key: bytes) -> Optional[PageLocation]:
+        with self._lock:
+            s = self._index.get(bytes(key))
+            return None if s is None else PageLocation(self.uuid, s.slot, s.generation, s.length, s.checksum)
+
+    def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]:
+        with self._lock:
+            items = list(self._index.items())
+        for key, s in items:
+            yield key, s.parent, PageLocation(self.uuid, s.slot, s.generation, s.length, s.checksum)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            for k in keys:
+                self._order.touch(bytes(k))
+
+    def take_evicted(self) -> List[bytes]:
+        with self._lock:
+            out, self._evicted = self._evicted, []
+            return out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._index)
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def stats(self) -> Dict[str, object]:
+        with self._lock:
+            used = len(self._index)
+        return {"path": self.path, "uuid": self.uuid, "partition": self.partition, "page_bytes": self.page_bytes,
+                "capacity_pages": self.capacity_pages, "used_pages": used, "io_engine": self.io_engine,
+                "direct_io": self.direct, **self.counters.as_dict()}
+
+    # ---------------------------------------------------------------- writes
+    def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
+            parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
+        """Write pages; ok[i] is True once page i is durable and indexed (or was already stored)."""
+        keys = [_check_key(k) for k in keys]
+        if len(buffers) != len(keys):
+            raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+        if parents is not None and len(parents) != len(keys):
+            raise ValueError(f"put: {len(keys)} keys but {len(parents)} parents")
+        segs = [_segments(b) for b in buffers]
+        for k, sg in zip(keys, segs):
+            n = sum(s.nbytes for s in sg)
+            if n > self.page_bytes or n == 0:
+                raise ValueError(f"put: page {k.hex()} has {n} bytes; this namespace holds pages of "
+                                 f"at most {self.page_bytes} bytes")
+        ok = [False] * len(keys)
+        evicted: List[bytes] = []
+        plan: List[Tuple[int, bytes, Optional[bytes], int, List[memoryview]]] = []  # (i, key, parent, slot, segs)
+        with self._lock:
+            seen = set()
+            for i, key in enumerate(keys):
+                if key in self._index or key in seen:
+                    ok[i] = True
+                    self._order.touch(key)
+                    continue
+                slot = self._take_slot(evicted)
+                if slot is None:
+                    break  # full of pages being read: the rest of this batch is not stored
+                seen.add(key)
+                parent = None if parents is None or parents[i] is None else _check_key(parents[i])
+                plan.append((i, key, parent, slot, segs[i]))
+        if not plan:
+            return PutResult(ok, evicted)
+        gens = self._generations(len(plan))
+        ops, entries, bounce_bytes = [], [], 0
+        headers = aligned_buffer(HEADER_BYTES * len(plan))
+        for j, (i, key, parent, slot, sg) in enumerate(plan):
+            length = sum(s.nbytes for s in sg)
+            csum = checksum(*sg)
+            hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+            SlotHeader(gens[j], length, csum, slot, key, parent, self.uuid).pack_into(hdr)
+            entries.append(TableEntry(key, parent, gens[j], length, csum))
+            payload = self._direct_segments(sg, length)
+            if payload is None:
+                bounce = aligned_buffer(align_up(length))
+                pos = 0
+                for s in sg:
+                    bounce[pos:pos + s.nbytes] = s
+                    pos += s.nbytes
+                payload = [bounce]
+                bounce_bytes += length
+            ops.append((slot, [hdr] + payload))
+        if bounce_bytes:
+            self.counters.bounced += 1
+        results = self._run_coalesced(True, ops)
+        if self.sync:
+            os.fdatasync(self._t.fd)
+        blocks = []
+        with self._lock:
+            for j, (i, key, parent, slot, _sg) in enumerate(plan):
+                e = entries[j]
+                if results[j]:
+                    self._set_entry(slot, e)
+                else:
+                    self._set_entry(slot, None)
+                blocks.append(self._entry_block(slot))
+        try:
+            self._flush_table(blocks)
+            table_ok = True
+        except OSError as exc:
+            log.error("radixtier: %s", exc)
+            table_ok = False
+        with self._lock:
+            for j, (i, key, parent, slot, _sg) in enumerate(plan):
+                if results[j] and table_ok:
+                    e = entries[j]
+                    self._index[key] = _Slot(slot, e.generation, e.length, e.checksum, parent)
+                    self._order.add(key, parent)
+                    ok[i] = True
+                    self.counters.writes += 1
+                    self.counters.write_bytes += e.length
+                else:
+                    self._free.append(slot)
+        return PutResult(ok, evicted)
+
+    def _generations(self, n: int) -> List[int]:
+        with self._lock:
+            g = self._next_gen
+            self._next_gen += n
+        return list(range(g, g + n))
+
+    def _take_slot(self, evicted: List[bytes]) -> Optional[int]:
+        """A free slot, or the slot of the next leaves-first LRU victim (called under the lock)."""
+        if self._free:
+            return self._free.pop()
+        victim = self._order.peek_victim()
+        if victim is None:
+            return None
+        s = self._drop(victim)
+        evicted.append(victim)
+        self._evicted.append(victim)
+        self.counters.evictions += 1
+        return s.slot
+
+    def _drop(self, key: bytes) -> _Slot:
+        s = self._index.pop(key)
+        self._order.remove(key)
+        return s
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        blocks = []
+        with self._lock:
+            for k in keys:
+                k = bytes(k)
+                if k in self._index and not self._readers.get(k):
+                    s = self._drop(k)
+                    self._set_entry(s.slot, None)
+                    self._free.append(s.slot)
+                    blocks.append(self._entry_block(s.slot))
+        self._flush_table(blocks)
+        return len(blocks)
+
+    def clear(self) -> int:
+        with self._lock:
+            keys = list(self._index)
+        return self.delete(keys)
+
+    # ---------------------------------------------------------------- reads
+    def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
+        """Read pages into caller buffers; ok[i] is True only for a page proven intact."""
+        keys = [bytes(k) for k in keys]
+        if len(buffers) != len(keys):
+            raise ValueError(f"get: {len(keys)} keys but {len(buffers)} buffers")
+        segs = [_segments(b) for b in buffers]
+        ok = [False] * len(keys)
+        plan = []
+        with self._lock:
+            for i, key in enumerate(keys):
+                s = self._index.get(key)
+                if s is None:
+                    self.counters.misses += 1
+                    continue
+                if sum(x.nbytes for x in segs[i]) != s.length:
+                    raise ValueError(f"get: buffer for page {key.hex()} has {sum(x.nbytes for x in segs[i])} "
+                                     f"bytes, the stored page has {s.length}")
+                self._readers[key] = self._readers.get(key, 0) + 1
+                self._order.pin(key)
+                self._order.touch(key)
+                plan.append((i, key, s))
+        good = [False] * len(plan)
+        try:
+            good = self._read_verified([(s.slot, key, s.generation, s.length, s.checksum, segs[i])
+                                        for i, key, s in plan])
+        finally:
+            with self._lock:
+                for _i, key, _s in plan:
+                    self._readers[key] -= 1
+                    if not self._readers[key]:
+                        del self._readers[key]
+                    self._order.unpin(key)
+        blocks = []
+        with self._lock:
+            for (i, key, s), g in zip(plan, good):
+                if g:
+                    ok[i] = True
+                    continue
+                cur = self._index.get(key)
+                if cur is not None and cur.slot == s.slot and cur.generation == s.generation \
+                        and not self._readers.get(key):
+                    self._drop(key)  # proven bad: free the slot so it is never read again
+                    self._set_entry(s.slot, None)
+                    self._free.append(s.slot)
+                    self._evicted.append(key)
+                    blocks.append(self._entry_block(s.slot))
+        if blocks:
+            self._flush_table(blocks)
+        return ok
+
+    def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
+        """Read a page any node wrote in this namespace, by (slot, generation), verified."""
+        if location.namespace != self.uuid or not 0 <= location.slot < self.sb.slot_count:
+            return False
+        if location.length > self.page_bytes:
+            return False
+        segs = _segments(buffer)
+        if sum(s.nbytes for s in segs) != location.length:
+            raise ValueError(f"read_location: buffer has {sum(s.nbytes for s in segs)} bytes, "
+                             f"the page has {location.length}")
+        return self._read_verified([(location.slot, bytes(key), location.generation, location.length,
+                                     location.checksum, segs)])[0]
+
+    def _read_verified(self, items) -> List[bool]:
+        """items: (slot, key, generation, length, checksum, segments)."""
+        if not items:
+            return []
+        headers = aligned_buffer(HEADER_BYTES * len(items))
+        ops, bounces = [], []
+        for j, (slot, key, gen, length, csum, sg) in enumerate(items):
+            hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+            payload = self._direct_segments(sg, length)
+            bounce = None
+            if payload is None:
+                bounce = aligned_buffer(align_up(length))
+                payload = [bounce]
+            bounces.append(bounce)
+            ops.append((slot, [hdr] + payload))
+        if any(b is not None for b in bounces):
+            self.counters.bounced += 1
+        done = self._run_coalesced(False, ops)
+        out = []
+        for j, (slot, key, gen, length, csum, sg) in enumerate(items):
+            hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+            good = done[j] and self._header_ok(hdr, slot, key, gen, length, csum)
+            if good:
+                src = [bounces[j][:length]] if bounces[j] is not None else sg
+                good = checksum(*src) == csum
+                if good and bounces[j] is not None:
+                    pos = 0
+                    for s in sg:
+                        s[:] = bounces[j][pos:pos + s.nbytes]
+                        pos += s.nbytes
+            if good:
+                self.counters.reads += 1
+                self.counters.read_bytes += length
+            else:
+                self.counters.corrupt += 1
+                log.warning("radixtier: %s slot %d: page %s failed verification (torn, stale or corrupt); "
+                            "treated as a miss", self.path, slot, key.hex())
+            out.append(good)
+        return out
+
+    def _header_ok(self, hdr, slot: int, key: bytes, gen: int, length: int, csum: int) -> bool:
+        h = SlotHeader.unpack(hdr)
+        return (h is not None and h.key == key and h.generation == gen and h.length == length
+                and h.checksum == csum and h.slot == slot and h.uuid == self.uuid)
+
+    # ---------------------------------------------------------------- I/O plumbing
+    def _direct_segments(self, sg: List[memoryview], length: int) -> Optional[List[memoryview]]:
+        """The caller's segments themselves, when O_DIRECT can use them (aligned, whole blocks)."""
+        if not self.direct:
+            return list(sg) + ([memoryview(bytearray(align_up(length) - length))] if length % BLOCK else [])
+        for s in sg:
+            addr, n = buffer_address(s)
+            if addr % BLOCK or n % BLOCK:
+                return None
+        return list(sg)
+
+    def _run_coalesced(self, write: bool, ops: List[Tuple[int, List[memoryview]]]) -> List[bool]:
+        """Run per-slot I/Os, merging runs of adjacent slots into single vectored I/Os."""
+        order = sorted(range(len(ops)), key=lambda j: ops[j][0])
+        merged: List[Tuple[List[int], IOOp]] = []
+        for j in order:
+            slot, bufs = ops[j]
+            nbytes = sum(b.nbytes for b in bufs)
+            padded = self.sb.slot_bytes
+            if merged:
+                members, op = merged[-1]
+                last_slot = ops[members[-1]][0]
+                if (last_slot + 1 == slot and sum(b.nbytes for b in op.bufs) == len(members) * padded
+                        and len(op.bufs) + len(bufs) <= IOV_MAX and op.nbytes + nbytes <= MAX_IO_BYTES):
+                    members.append(j)
+                    op.bufs.extend(bufs)
+                    continue
+            merged.append(([j], IOOp(write, self._t.fd, self.sb.slot_offset(slot), list(bufs))))
+        results = self._engine.run([op for _, op in merged])
+        ok = [False] * len(ops)
+        for (members, op), r in zip(merged, results):
+            if r < 0:
+                self.counters.io_errors += 1
+                log.error("radixtier: %s: %s of %d slot(s) failed: %s", self.path, "write" if write else "read",
+                          len(members), os.strerror(-r))
+            for j in members:
+                ok[j] = r == op.nbytes
+        return ok
+
+    # ---------------------------------------------------------------- closing
+    def close(self) -> None:
+        if self._t.fd < 0:
+            return
+        try:
+            self._write_owner(OWNER_CLEAN)
+        finally:
+            if self._engine is not None:
+                self._engine.close()
+            self._release_partition()
+            self._t.close()
+
+    def __enter__(self) -> "NvmeofPageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,287 @@
+"""TieredKVCache: spill/promote round trips, policies, failure handling, locking."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from radixtier.cache import CacheConfig, TieredKVCache
+from radixtier.hashing import PageHasher
+from radixtier.storage.nvmeof_store import NvmeofPageStore
+from radixtier.storage.page_store import PutResult
+from radixtier.tiers import Tier
+
+from conftest import page_content
+
+NUMEL = 1024  # int32 elements per page: 4 KiB pages
+
+
+def make_cache(ns, store=None, **kw) -> TieredKVCache:
+    cfg = dict(page_size=ns.page_size, page_shape=(NUMEL,), dtype=torch.int32, device_pages=16,
+               host_pages=32, device="cpu")
+    cfg.update(kw)
+    return TieredKVCache(CacheConfig(**cfg), ns, store=store)
+
+
+def kv_for(ns, tokens, first_page=0):
+    keys = PageHasher(ns).chain(tokens)
+    return torch.stack([page_content(k, NUMEL) for k in keys[first_page:]])
+
+
+def check_prefix(cache, ns, tokens, result):
+    keys = PageHasher(ns).chain(tokens)[:result.num_pages]
+    got = cache.gather(result.device_slots)
+    for i, k in enumerate(keys):
+        assert torch.equal(got[i], page_content(k, NUMEL)), f"page {i} bytes differ"
+
+
+@pytest.fixture
+def store(ns_file):
+    s = NvmeofPageStore(ns_file, NUMEL * 4, create_bytes=8 << 20)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])
+def test_round_trip_through_every_tier_preserves_bytes(ns4, store, policy):
+    cache = make_cache(ns4, store, write_policy=policy, write_through_threshold=1)
+    tokens = list(range(48))  # 12 pages
+    assert cache.insert(tokens, kv_for(ns4, tokens)) == 12
+    if policy == "write_through_selective":
+        cache.acquire(tokens).release()  # one hit makes it hot: written through
+    cache.flush()
+    assert cache.evict(Tier.DEVICE, 16) >= 12
+    if policy != "write_through":
+        cache.flush()
+        assert cache.tree.pages_in(Tier.HOST) == 12  # device eviction spilled to host
+    # host eviction spills to storage (write_back writes it now; the others already did)
+    cache.evict(Tier.HOST, 32)
+    cache.flush()
+    m = cache.match(tokens)
+    assert (m.device_tokens, m.host_tokens, m.storage_tokens) == (0, 0, 48)
+    with cache.acquire(tokens, policy="wait_complete") as h:
+        assert h.result.num_pages == 12
+        assert h.result.hits_by_tier == {Tier.STORAGE: 48}
+        check_prefix(cache, ns4, tokens, h.result)
+    assert cache.match(tokens).device_tokens == 48
+    cache.close()
+
+
+def test_restart_finds_pages_written_before(ns4, ns_file):
+    tokens = list(range(40))
+    s = NvmeofPageStore(ns_file, NUMEL * 4, create_bytes=8 << 20)
+    c = make_cache(ns4, s)
+    c.insert(tokens, kv_for(ns4, tokens))
+    c.close()
+    s.close()
+    s = NvmeofPageStore(ns_file, NUMEL * 4)
+    c = make_cache(ns4, s)
+    assert c.match(tokens).storage_tokens == 40
+    with c.acquire(tokens, policy="wait_complete") as h:
+        assert h.result.num_pages == 10
+        check_prefix(c, ns4, tokens, h.result)
+    c.close()
+    s.close()
+
+
+def test_partial_match_splits_and_extends(ns4):
+    c = make_cache(ns4)
+    a = list(range(32))
+    b = a[:20] + [999] * 12
+    c.insert(a, kv_for(ns4, a))
+    m = c.match(b)
+    assert m.prefix_tokens == 20 and m.device_tokens == 20
+    with c.acquire(b) as h:
+        assert h.result.num_pages == 5
+        assert c.insert(b, kv_for(ns4, b, first_page=5), first_page=5) == 3
+    with c.acquire(b) as h:
+        assert h.result.num_pages == 8
+        check_prefix(c, ns4, b, h.result)
+    with c.acquire(a) as h:
+        check_prefix(c, ns4, a, h.result)
+    c.close()
+
+
+def test_locked_pages_are_never_evicted(ns4, store):
+    c = make_cache(ns4, store, device_pages=8, host_pages=8)
+    a = list(range(32))  # exactly fills the device pool
+    c.insert(a, kv_for(ns4, a))
+    c.flush()
+    h = c.acquire(a)
+    assert h.result.num_pages == 8
+    assert c.evict(Tier.DEVICE, 8) == 0  # every device page is locked
+    b = list(range(100, 132))
+    assert c.insert(b, kv_for(ns4, b)) == 0  # no room: not cached, and nothing of `a` moved out
+    check_prefix(c, ns4, a, h.result)
+    h.release()
+    assert c.insert(b, kv_for(ns4, b)) == 8
+    c.close()
+
+
+class FlakyStore:
+    """Wraps a real store; reads of chosen keys fail, writes can be refused."""
+
+    def __init__(self, inner, bad_keys=(), refuse_writes=False, raise_on_get=False):
+        self.inner, self.bad, self.refuse, self.raise_on_get = inner, set(bad_keys), refuse_writes, raise_on_get
+        self.page_bytes, self.capacity_pages, self.uuid = inner.page_bytes, inner.capacity_pages, inner.uuid
+
+    def put(self, keys, buffers, parents=None):
+        if self.refuse:
+            return PutResult([False] * len(keys))
+        return self.inner.put(keys, buffers, parents)
+
+    def get(self, keys, buffers):
+        if self.raise_on_get:
+            raise OSError("injected I/O error")
+        ok = self.inner.get(keys, buffers)
+        return [o and k not in self.bad for k, o in zip(keys, ok)]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_failed_transfer_never_marks_a_page_present(ns4, store):
+    tokens = list(range(40))
+    keys = PageHasher(ns4).chain(tokens)
+    c = make_cache(ns4, store)
+    c.insert(tokens, kv_for(ns4, tokens))
+    c.flush()
+    c.evict(Tier.DEVICE, 16)
+    c.evict(Tier.HOST, 32)
+    c.close()
+    flaky = FlakyStore(store, bad_keys={keys[6]})
+    c = make_cache(ns4, flaky)
+    c.tree  # fresh tree: everything comes from storage
+    with c.acquire(tokens, policy="wait_complete") as h:
+        assert h.result.num_pages == 6  # page 6 failed: only the leading run before it is usable
+        check_prefix(c, ns4, tokens, h.result)
+    assert c.tree.pages_in(Tier.HOST) == 6
+    assert c.stats()["failures"]["storage_to_host"] == 4
+    c.close()
+    raising = FlakyStore(store, raise_on_get=True)
+    c = make_cache(ns4, raising)
+    with c.acquire(tokens, policy="wait_complete") as h:
+        assert h.result.num_pages == 0
+    assert c.tree.pages_in(Tier.HOST) == 0 and c.host_pool.num_free == 32
+    c.close()
+
+
+def test_refused_storage_write_is_not_recorded(ns4, store):
+    c = make_cache(ns4, FlakyStore(store, refuse_writes=True))
+    tokens = list(range(16))
+    c.insert(tokens, kv_for(ns4, tokens))
+    c.flush()
+    assert c.tree.pages_in(Tier.STORAGE) == 0
+    assert c.tree.pages_in(Tier.HOST) == 4
+    c.close()
+
+
+class SlowStore(FlakyStore):
+    def __init__(self, inner, delay):
+        super().__init__(inner)
+        self.delay = delay
+
+    def get(self, keys, buffers):
+        time.sleep(self.delay)
+        return self.inner.get(keys, buffers)
+
+
+def _stored_only(ns4, store, tokens):
+    c = make_cache(ns4, store)
+    c.insert(tokens, kv_for(ns4, tokens))
+    c.close()
+
+
+def test_prefetch_policies(ns4, store):
+    tokens = list(range(32))
+    _stored_only(ns4, store, tokens)
+    slow = SlowStore(store, delay=0.4)
+    c = make_cache(ns4, slow, promote_chunk_pages=8)
+    t0 = time.monotonic()
+    h = c.prefetch(tokens)
+    r = h.load("best_effort")
+    assert r.num_pages == 0 and time.monotonic() - t0 < 0.3  # did not wait for the slow read
+    h.release()
+    c.flush()
+    c.close()
+    c = make_cache(ns4, slow, promote_chunk_pages=8)
+    h = c.prefetch(tokens)
+    assert h.load("timeout", timeout=0.05).num_pages == 0
+    h.release()
+    c.flush()
+    c.close()
+    c = make_cache(ns4, slow, promote_chunk_pages=8)
+    with c.prefetch(tokens) as h:
+        r = h.load("wait_complete")
+        assert r.num_pages == 8
+        check_prefix(c, ns4, tokens, r)
+    c.close()
+
+
+def test_concurrent_requests_join_one_promotion(ns4, store):
+    tokens = list(range(32))
+    _stored_only(ns4, store, tokens)
+    slow = SlowStore(store, delay=0.2)
+    c = make_cache(ns4, slow)
+    h1 = c.prefetch(tokens)
+    h2 = c.prefetch(tokens)
+    r1, r2 = h1.load("wait_complete"), h2.load("wait_complete")
+    assert r1.num_pages == r2.num_pages == 8 and r1.device_slots == r2.device_slots
+    assert c.stats()["pages_moved"]["storage_to_host"] == 8  # read once, not twice
+    h1.release()
+    h2.release()
+    c.close()
+
+
+@pytest.mark.parametrize("field, value, msg", [
+    ("page_size", 0, "page_size"),
+    ("device_pages", -1, "device_pages"),
+    ("write_policy", "write_around", "write_policy: expected one of"),
+    ("prefetch_policy", "eager", "prefetch_policy"),
+    ("spill_watermark", 2.0, "spill_watermark"),
+    ("eviction", "mru", "eviction"),
+    ("page_shape", (0, 4), "page_shape"),
+    ("device", "tpu", "device"),
+])
+def test_bad_configuration_is_named(ns4, field, value, msg):
+    cfg = dict(page_size=4, page_shape=(NUMEL,), dtype=torch.int32, device="cpu")
+    cfg[field] = value
+    with pytest.raises(ValueError, match=msg):
+        TieredKVCache(CacheConfig(**cfg), ns4)
+
+
+def test_cuda_device_requested_without_cuda_is_a_clear_error(ns4):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present on this machine")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        make_cache(ns4, device="cuda")
+
+
+def test_store_page_size_mismatch_is_named(ns4, store):
+    with pytest.raises(ValueError, match="page_bytes"):
+        make_cache(ns4, store, page_shape=(NUMEL * 2,))
+
+
+def test_bad_insert_shape_is_named(ns4):
+    c = make_cache(ns4)
+    with pytest.raises(ValueError, match="kv_pages"):
+        c.insert(list(range(8)), torch.zeros(2, 7, dtype=torch.int32))
+    with pytest.raises(ValueError, match="tokens"):
+        c.insert(list(range(4)), torch.zeros(2, NUMEL, dtype=torch.int32))
+    c.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+def test_cuda_stream_round_trip(ns4, store):
+    c = make_cache(ns4, store, device="cuda")
+    tokens = list(range(32))
+    c.insert(tokens, kv_for(ns4, tokens).cuda())
+    c.flush()
+    c.evict(Tier.DEVICE, 16)
+    with c.acquire(tokens, policy="wait_complete") as h:
+        got = c.gather(h.result.device_slots).cpu()
+        assert torch.equal(got, kv_for(ns4, tokens))
+    c.close()
