@@ -15,11 +15,12 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 log = logging.getLogger("radixtier.storage.io")
 
 IOV_MAX = 1024
+OnDone = Callable[[int, int], None]  # (op index, bytes moved or -errno)
 
 
 @dataclass
@@ -80,10 +81,17 @@ class ThreadPoolIO:
         self.queue_depth = queue_depth
         self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix="radixtier-pio")
 
-    def run(self, ops: Sequence[IOOp]) -> List[int]:
+    def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None) -> List[int]:
+        """Bytes moved (or -errno) per op; on_done(i, result) runs as each op finishes, in a worker."""
+        def one(i: int) -> int:
+            r = _run_one(ops[i])
+            if on_done is not None:
+                on_done(i, r)
+            return r
+
         if len(ops) <= 1:
-            return [_run_one(op) for op in ops]
-        return list(self._pool.map(_run_one, ops))
+            return [one(i) for i in range(len(ops))]
+        return list(self._pool.map(one, range(len(ops))))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -122,35 +130,48 @@ class UringIO:
                 self._rings.append(st)
         return st
 
-    def run(self, ops: Sequence[IOOp]) -> List[int]:
+    def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None) -> List[int]:
+        """Bytes moved (or -errno) per op; on_done(i, result) runs as each op completes, while the
+        rest are still in flight (so callers can verify data under the remaining I/O)."""
         import liburing as L
 
         ring, cqe, efd = self._ring()
         self._local.batch = batch = (getattr(self._local, "batch", 0) + 1) & 0xFFFFFFFF
         results = [0] * len(ops)
         keep = {}  # iovecs must outlive their I/O
-        nxt, inflight = 0, 0
+        state = {"next": 0, "inflight": 0}
+
+        def top_up() -> None:
+            while state["next"] < len(ops) and state["inflight"] < self.queue_depth:
+                sqe = L.io_uring_get_sqe(ring)
+                if sqe is None:
+                    break
+                i = state["next"]
+                op = ops[i]
+                iov = L.Iovec(list(op.bufs))
+                keep[i] = iov
+                (L.io_uring_prep_writev if op.write else L.io_uring_prep_readv)(sqe, op.fd, iov, op.offset)
+                L.io_uring_sqe_set_data64(sqe, (batch << 32) | i)
+                state["next"] += 1
+                state["inflight"] += 1
+            L.io_uring_submit(ring)
+
         try:
-            while nxt < len(ops) or inflight:
-                while nxt < len(ops) and inflight < self.queue_depth:
-                    sqe = L.io_uring_get_sqe(ring)
-                    if sqe is None:
-                        break
-                    op = ops[nxt]
-                    iov = L.Iovec(list(op.bufs))
-                    keep[nxt] = iov
-                    (L.io_uring_prep_writev if op.write else L.io_uring_prep_readv)(sqe, op.fd, iov, op.offset)
-                    L.io_uring_sqe_set_data64(sqe, (batch << 32) | nxt)
-                    nxt += 1
-                    inflight += 1
-                L.io_uring_submit(ring)
+            top_up()
+            while state["inflight"]:
                 os.eventfd_read(efd)  # blocks without the GIL until at least one completion
-                inflight -= self._reap(ring, cqe, batch, results, keep)
+                done = self._reap(ring, cqe, batch, results, keep)
+                state["inflight"] -= len(done)
+                top_up()  # refill the queue before spending time on the finished ones
+                if on_done is not None:
+                    for i in done:
+                        if results[i] < 0 or results[i] >= ops[i].nbytes:  # short ones finish below
+                            on_done(i, results[i])
         finally:
-            while inflight > 0:  # never leave completions behind for the next call on this ring
+            while state["inflight"] > 0:  # never leave completions behind for the next call on this ring
                 try:
                     os.eventfd_read(efd)
-                    inflight -= self._reap(ring, cqe, batch, results, keep)
+                    state["inflight"] -= len(self._reap(ring, cqe, batch, results, keep))
                 except OSError:
                     break
         for i, op in enumerate(ops):  # finish short transfers synchronously (rare: EOF, signals)
@@ -158,20 +179,22 @@ class UringIO:
                 rest = IOOp(op.write, op.fd, op.offset + results[i], _advance(op.bufs, results[i]))
                 more = _run_one(rest)
                 results[i] = results[i] + more if more >= 0 else more
+                if on_done is not None:
+                    on_done(i, results[i])
         return results
 
     @staticmethod
-    def _reap(ring, cqe, batch: int, results: List[int], keep: dict) -> int:
-        """Consume ready completions of this batch; returns how many."""
+    def _reap(ring, cqe, batch: int, results: List[int], keep: dict) -> List[int]:
+        """Consume ready completions of this batch; returns their op indexes."""
         import liburing as L
 
-        n = 0
+        done: List[int] = []
         while True:
             try:
                 if L.io_uring_peek_cqe(ring, cqe) != 0:
-                    return n
+                    return done
             except BlockingIOError:  # no completion ready
-                return n
+                return done
             tag = L.io_uring_cqe_get_data64(cqe[0])
             res = cqe[0].res
             L.io_uring_cqe_seen(ring, cqe[0])
@@ -180,7 +203,7 @@ class UringIO:
             i = tag & 0xFFFFFFFF
             results[i] = res
             keep.pop(i, None)
-            n += 1
+            done.append(i)
 
     def close(self) -> None:
         import liburing as L

@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
 from radixtier.storage.io_engine import IOV_MAX, IOOp, aligned_buffer, make_engine
@@ -37,7 +37,7 @@ from radixtier.storage.target import Target, open_target
 
 log = logging.getLogger("radixtier.storage.nvmeof")
 
-MAX_IO_BYTES = 32 << 20  # upper bound of one coalesced I/O
+DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
 VERIFY_MODES = ("auto", "none", "headers", "full")
 _OPEN_PARTITIONS: Dict[Tuple[int, int, int], str] = {}  # (st_dev, st_ino, partition) -> path, this process
 _OPEN_LOCK = threading.Lock()
@@ -156,7 +156,8 @@ class NvmeofPageStore:
     def __init__(self, path: str, page_bytes: Optional[int] = None, *, partition: int = 0,
                  node_id: str = "local", create_bytes: int = 0, partitions: int = 1,
                  io_engine: str = "auto", queue_depth: int = 16, direct: bool = True, sync: bool = True,
-                 eviction: str = LEAVES_FIRST, verify: str = "auto") -> None:
+                 eviction: str = LEAVES_FIRST, verify: str = "auto",
+                 coalesce_bytes: int = DEFAULT_COALESCE_BYTES) -> None:
         if eviction not in EVICTION_MODES:
             raise ValueError(f"eviction: expected one of {', '.join(EVICTION_MODES)}, got {eviction!r}")
         if verify not in VERIFY_MODES:
@@ -165,9 +166,12 @@ class NvmeofPageStore:
             raise ValueError(f"node_id: expected a non-empty string of at most 48 bytes, got {node_id!r}")
         if page_bytes is not None and (not isinstance(page_bytes, int) or page_bytes <= 0):
             raise ValueError(f"page_bytes: expected a positive integer, got {page_bytes!r}")
+        if not isinstance(coalesce_bytes, int) or coalesce_bytes <= 0:
+            raise ValueError(f"coalesce_bytes: expected a positive integer, got {coalesce_bytes!r}")
         self.path = path
         self.node_id = node_id
         self.sync = sync
+        self.coalesce_bytes = coalesce_bytes
         if not os.path.exists(path) or (create_bytes and os.path.isfile(path) and os.path.getsize(path) == 0):
             if not create_bytes or page_bytes is None:
                 raise FileNotFoundError(f"path: {path} is not a formatted namespace; give page_bytes and "
@@ -593,11 +597,12 @@ class NvmeofPageStore:
             ops.append((slot, [hdr] + payload))
         if any(b is not None for b in bounces):
             self.counters.bounced += 1
-        done = self._run_coalesced(False, ops)
-        out = []
-        for j, (slot, key, gen, length, csum, sg) in enumerate(items):
+        out = [False] * len(items)
+
+        def verify(j: int, io_ok: bool) -> None:  # runs as each I/O lands, under the ones still in flight
+            slot, key, gen, length, csum, sg = items[j]
             hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
-            good = done[j] and self._header_ok(hdr, slot, key, gen, length, csum)
+            good = io_ok and self._header_ok(hdr, slot, key, gen, length, csum)
             if good:
                 src = [bounces[j][:length]] if bounces[j] is not None else sg
                 good = checksum(*src) == csum
@@ -606,14 +611,17 @@ class NvmeofPageStore:
                     for s in sg:
                         s[:] = bounces[j][pos:pos + s.nbytes]
                         pos += s.nbytes
+            out[j] = good
+
+        self._run_coalesced(False, ops, verify)
+        for j, good in enumerate(out):
             if good:
                 self.counters.reads += 1
-                self.counters.read_bytes += length
+                self.counters.read_bytes += items[j][3]
             else:
                 self.counters.corrupt += 1
                 log.warning("radixtier: %s slot %d: page %s failed verification (torn, stale or corrupt); "
-                            "treated as a miss", self.path, slot, key.hex())
-            out.append(good)
+                            "treated as a miss", self.path, items[j][0], items[j][1].hex())
         return out
 
     def _header_ok(self, hdr, slot: int, key: bytes, gen: int, length: int, csum: int) -> bool:
@@ -632,32 +640,39 @@ class NvmeofPageStore:
                 return None
         return list(sg)
 
-    def _run_coalesced(self, write: bool, ops: List[Tuple[int, List[memoryview]]]) -> List[bool]:
-        """Run per-slot I/Os, merging runs of adjacent slots into single vectored I/Os."""
+    def _run_coalesced(self, write: bool, ops: List[Tuple[int, List[memoryview]]],
+                       on_slot_done: Optional[Callable[[int, bool], None]] = None) -> List[bool]:
+        """Run per-slot I/Os, merging runs of adjacent slots into vectored I/Os of at most
+        `coalesce_bytes` (big enough to cut per-I/O cost, small enough to keep the queue full)."""
         order = sorted(range(len(ops)), key=lambda j: ops[j][0])
         merged: List[Tuple[List[int], IOOp]] = []
+        padded = self.sb.slot_bytes
         for j in order:
             slot, bufs = ops[j]
             nbytes = sum(b.nbytes for b in bufs)
-            padded = self.sb.slot_bytes
             if merged:
                 members, op = merged[-1]
                 last_slot = ops[members[-1]][0]
-                if (last_slot + 1 == slot and sum(b.nbytes for b in op.bufs) == len(members) * padded
-                        and len(op.bufs) + len(bufs) <= IOV_MAX and op.nbytes + nbytes <= MAX_IO_BYTES):
+                if (last_slot + 1 == slot and op.nbytes == len(members) * padded and nbytes == padded
+                        and len(op.bufs) + len(bufs) <= IOV_MAX and op.nbytes + nbytes <= self.coalesce_bytes):
                     members.append(j)
                     op.bufs.extend(bufs)
                     continue
             merged.append(([j], IOOp(write, self._t.fd, self.sb.slot_offset(slot), list(bufs))))
-        results = self._engine.run([op for _, op in merged])
         ok = [False] * len(ops)
-        for (members, op), r in zip(merged, results):
+
+        def done(m: int, r: int) -> None:
+            members, op = merged[m]
             if r < 0:
                 self.counters.io_errors += 1
                 log.error("radixtier: %s: %s of %d slot(s) failed: %s", self.path, "write" if write else "read",
                           len(members), os.strerror(-r))
             for j in members:
                 ok[j] = r == op.nbytes
+                if on_slot_done is not None:
+                    on_slot_done(j, ok[j])
+
+        self._engine.run([op for _, op in merged], done)
         return ok
 
     # ---------------------------------------------------------------- closing

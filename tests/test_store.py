@@ -102,9 +102,9 @@ def test_adjacent_slots_are_coalesced(tmp_path):
     calls = []
     real = s._engine.run
 
-    def spy(ops):
+    def spy(ops, on_done=None):
         calls.append(len(ops))
-        return real(ops)
+        return real(ops, on_done)
 
     s._engine.run = spy
     assert all(s.get([key(i) for i in range(8)], [torch.zeros(NUMEL, dtype=torch.int32) for _ in range(8)]))
