@@ -27,7 +27,7 @@ from radixtier.mover import TransferEngine
 from radixtier.policies import PrefetchPolicy, WritePolicy, parse_enum
 from radixtier.pools import PagePool, resolve_device
 from radixtier.storage.page_store import PageStore, PutResult
-from radixtier.storage.prefix_index import PageRecord, PrefixIndex
+from radixtier.storage.prefix_index import PageRecord, PrefixIndex, store_records
 from radixtier.tiers import Tier
 from radixtier.tree import Node, RadixTree, TreeMatch
 
@@ -166,6 +166,9 @@ class TieredKVCache:
         self.pools = {Tier.DEVICE: self.device_pool, Tier.HOST: self.host_pool}
         self.store = store
         self.index = index
+        if index is not None and store is not None and hasattr(index, "set_republisher"):
+            # after a restart (or a Redis outage) the index is told again what this node's store holds
+            index.set_republisher(lambda: store_records(store, index.node_id))
         self.stats_counters = CacheStats()
         self.mover = TransferEngine(self.device_pool, self.host_pool, store, self.stats_counters, cfg.io_workers)
         self._lock = threading.RLock()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from radixtier.storage.page_store import PageLocation
 
@@ -89,3 +89,33 @@ class InProcessIndex:
     def close(self) -> None:
         with self.registry.lock:
             self.registry.live_nodes[self.node_id] = False
+
+
+def store_records(store, node_id: str) -> Iterator[Tuple[bytes, bytes, PageRecord]]:
+    """(root, key, record) for every page a store holds, for (re-)publication after a restart.
+
+    The root of a page is found by walking its parent links inside the store; leaves-first
+    eviction keeps a page's ancestors present, and a page whose chain is broken is published
+    under the highest ancestor found (then no lookup finds it: harmless).
+    """
+    entries = list(store.entries())
+    parent_of = {key: parent for key, parent, _loc in entries}
+    roots: Dict[bytes, bytes] = {}
+
+    def root_of(key: bytes) -> bytes:
+        path = []
+        cur = key
+        while cur not in roots:
+            path.append(cur)
+            p = parent_of.get(cur)
+            if p is None or p not in parent_of or len(path) > len(parent_of):
+                roots[cur] = cur  # chain start (or the highest ancestor still held)
+                break
+            cur = p
+        r = roots[cur]
+        for k in path:
+            roots[k] = r
+        return r
+
+    for key, _parent, loc in entries:
+        yield root_of(key), key, PageRecord(node_id, "storage", loc)

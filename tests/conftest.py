@@ -26,3 +26,12 @@ def ns4() -> KVNamespace:
 @pytest.fixture
 def ns_file(tmp_path) -> str:
     return os.path.join(str(tmp_path), "namespace.img")
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    from redis_server import RedisServer
+
+    srv = RedisServer(str(tmp_path / "redis"))
+    yield srv
+    srv.stop()

@@ -1,0 +1,81 @@
+"""Real redis-server processes on free loopback ports, which tests can kill and restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from typing import List, Optional
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free loopback port; for cluster nodes also its bus port (port + 10000) must be free and valid."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not cluster or (port + 10000 < 65536 and _is_free(port + 10000)):
+            return port
+
+
+class RedisServer:
+    def __init__(self, workdir: str, extra: Optional[List[str]] = None, port: Optional[int] = None,
+                 tls: Optional[dict] = None) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (scripts/setup.sh --test installs it)")
+        self.exe, self.workdir, self.extra = exe, workdir, list(extra or [])
+        self.port = port or free_port(cluster="--cluster-enabled" in self.extra)
+        self.tls = tls
+        self.proc: Optional[subprocess.Popen] = None
+        os.makedirs(workdir, exist_ok=True)
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.exe, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.workdir,
+                "--daemonize", "no", "--logfile", os.path.join(self.workdir, f"redis-{self.port}.log")]
+        if self.tls:
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls["cert"],
+                     "--tls-key-file", self.tls["key"], "--tls-ca-cert-file", self.tls["ca"],
+                     "--tls-auth-clients", "no"]
+        else:
+            args += ["--port", str(self.port)]
+        self.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited: {self.proc.stderr.read().decode()[-500:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start listening")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        self.kill()
