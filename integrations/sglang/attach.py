@@ -1,0 +1,104 @@
+"""Opening one rank's view of the tier: its partition of the namespace and the prefix index.
+
+Ranks of one node start at the same time and may all find the namespace file missing, so
+creating it is serialised with a lock file beside it; each rank then takes its own partition
+(`partition + rank index`), so ranks and nodes never write each other's slots.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from typing import Dict, Optional
+
+from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+from radixtier.storage.layout import FormatError
+from radixtier.storage.nvmeof_store import NvmeofPageStore, read_superblock
+from radixtier.storage.prefix_index import InProcessIndex, InProcessRegistry, PrefixIndex, store_records
+
+log = logging.getLogger("radixtier.sglang")
+
+_REGISTRIES: Dict[str, InProcessRegistry] = {}  # namespace uuid -> the in-process index of that namespace
+_REGISTRIES_LOCK = threading.Lock()
+
+
+def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id: str) -> NvmeofPageStore:
+    """This rank's store: creates a file namespace if asked to (capacity), checks its page size."""
+    partition = cfg.partition + rank_index
+    path = cfg.path
+    is_file = not os.path.exists(path) or os.path.isfile(path)
+    if not os.path.exists(path) and not cfg.capacity:
+        raise ConfigError(f"path: {path} does not exist; set capacity (e.g. \"capacity\": \"64GiB\") to "
+                          f"create a file namespace, or format a device with `radixtier format`")
+    if is_file and os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    lock_fd = None
+    if is_file:
+        lock_fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one creator; the others open what it formatted
+    try:
+        fresh = not os.path.exists(path) or (is_file and os.path.getsize(path) == 0)
+        if not fresh:
+            try:
+                sb = read_superblock(path)
+            except FormatError as exc:
+                raise ConfigError(f"path: {exc}") from None
+            if sb.page_bytes < page_bytes:
+                raise ConfigError(f"page_bytes: {path} holds pages of {sb.page_bytes} bytes, this model's "
+                                  f"pages need {page_bytes}; reformat it (`radixtier format --force`) or use "
+                                  f"another path")
+            if partition >= sb.partitions:
+                raise ConfigError(f"partition: rank {rank_index} needs partition {partition}, {path} has "
+                                  f"{sb.partitions} (partitions 0..{sb.partitions - 1}); reformat with more "
+                                  f"--partitions or lower partition")
+        elif partition >= cfg.partitions:
+            raise ConfigError(f"partitions: rank {rank_index} needs partition {partition}; create the namespace "
+                              f"with at least {partition + 1} partitions, got {cfg.partitions}")
+        try:
+            return NvmeofPageStore(path, page_bytes if fresh else None, partition=partition, node_id=node_id,
+                                   create_bytes=cfg.capacity if fresh else 0, partitions=cfg.partitions,
+                                   io_engine=cfg.io_engine, queue_depth=cfg.queue_depth, direct=cfg.direct,
+                                   sync=cfg.sync, eviction=cfg.eviction, verify=cfg.verify,
+                                   coalesce_bytes=cfg.coalesce_bytes)
+        except (FormatError, RuntimeError) as exc:
+            raise ConfigError(f"path: {exc}") from None
+    finally:
+        if lock_fd is not None:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            os.close(lock_fd)
+
+
+def open_index(cfg: BackendConfig, store: NvmeofPageStore, node_id: str) -> PrefixIndex:
+    """Redis when redis_url is set (fleet-wide); otherwise the in-process index of this namespace."""
+    if not cfg.redis_url:
+        with _REGISTRIES_LOCK:
+            registry = _REGISTRIES.setdefault(store.uuid, InProcessRegistry())
+        index = InProcessIndex(node_id, registry)
+        for root, key, rec in store_records(store, node_id):
+            index.publish(root, [key], [rec])
+        return index
+    from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
+
+    rc = RedisIndexConfig(url=cfg.redis_url, node_id=node_id, namespace=cfg.redis_namespace,
+                          key_prefix=cfg.redis_key_prefix, username=cfg.redis_username,
+                          password=cfg.redis_password, cluster=cfg.redis_cluster,
+                          lookup_timeout_s=cfg.lookup_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
+                          heartbeat_s=cfg.heartbeat_s, node_ttl_s=cfg.node_ttl_s, ssl_ca_certs=cfg.ssl_ca_certs,
+                          ssl_certfile=cfg.ssl_certfile, ssl_keyfile=cfg.ssl_keyfile,
+                          ssl_cert_reqs=cfg.ssl_cert_reqs)
+    try:
+        return RedisPrefixIndex(rc, republish=lambda: store_records(store, node_id))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def index_node_id(node_id: str, rank_index: int, ranks: int) -> str:
+    """One index identity per writing process, so a rank's liveness and records are its own."""
+    return node_id if ranks == 1 else f"{node_id}.r{rank_index}"
+
+
+def flush_index(index: Optional[PrefixIndex], timeout: float = 10.0) -> bool:
+    flush = getattr(index, "flush", None)
+    return True if flush is None else bool(flush(timeout))

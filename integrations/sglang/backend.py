@@ -1,0 +1,493 @@
+"""RadixTierStorage: radixtier's NVMe-oF page store and prefix index as an SGLang HiCache L3 backend.
+
+SGLang hands us page-hash keys and host-pool slots; we turn them into store keys for this
+rank (keys.py), read and write the host pool's own memory (zero copy through
+`get_page_buffer_meta`), and keep each page's parent, from `extra_info.prefix_keys`, so the
+store evicts leaves first along SGLang's hash chains. Pages other nodes wrote into the same
+namespace are found through the prefix index and read by verified slot location.
+
+Nothing here raises into SGLang's transfer threads: a failure is a miss (logged), and a page
+is reported present only after its slot header and checksum proved it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
+                                                  PoolHitPolicy, PoolTransfer, PoolTransferResult)
+
+from radixtier.integrations.sglang.attach import flush_index, index_node_id, open_index, open_partition
+from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+from radixtier.integrations.sglang.keys import (KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true,
+                                                split_segments)
+from radixtier.storage.prefix_index import PageRecord
+
+log = logging.getLogger("radixtier.sglang")
+
+V1, FLAT = "v1", "flat"
+_HINTS = 65536  # remote page locations remembered between batch_exists and the read that follows
+
+
+class _Transfers:
+    """Per-interval page counts and bandwidths, in the shape SGLang's StorageMetrics wants."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.prefetch_pgs: List[int] = []
+        self.backup_pgs: List[int] = []
+        self.prefetch_bandwidth: List[float] = []
+        self.backup_bandwidth: List[float] = []
+        self.totals = {"exists_calls": 0, "pages_local": 0, "pages_remote": 0, "pages_missed": 0,
+                       "pages_written": 0, "pages_write_failed": 0, "pages_skipped_not_writer": 0, "errors": 0}
+
+    def record(self, read: bool, pages: int, nbytes: int, seconds: float) -> None:
+        gbps = nbytes / max(seconds, 1e-9) / 1e9
+        with self.lock:
+            (self.prefetch_pgs if read else self.backup_pgs).append(pages)
+            (self.prefetch_bandwidth if read else self.backup_bandwidth).append(gbps)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                self.totals[k] += v
+
+
+class RadixTierStorage(HiCacheStorage):
+    """SGLang HiCache storage backend (see module docstring); built by StorageBackendFactory('dynamic')."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[Dict[str, Any]] = None) -> None:
+        extra = dict(storage_config.extra_config or {})
+        self.config = BackendConfig.from_extra_config(extra)
+        self.storage_config = storage_config
+        self.rank = RankIdentity.from_storage_config(storage_config)
+        if self.rank.is_mla and self.rank.tp_size > 1 and not self.config.redis_url:
+            raise ConfigError("redis_url: required for an MLA model with tp_size > 1: only the storage writer "
+                              "rank writes the shared KV, and the other ranks find it through the index")
+        self.keys = KeyMapper(self.rank)
+        self.kv_interface = V1 if bool(extra.get("interface_v1", 0)) else FLAT
+        self.mem_pool_host = None
+        self.registered_pools: Dict[str, Any] = {}
+        self._formats: Dict[str, PoolFormat] = {}
+        self._open_lock = threading.Lock()
+        self._store = None
+        self._index = None
+        self._closed = False
+        self._hints: "OrderedDict[bytes, PageRecord]" = OrderedDict()
+        self._hints_lock = threading.Lock()
+        self._stats = _Transfers()
+        ranks = self.rank.tp_size * self.rank.pp_size * self.rank.cp_size
+        self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), ranks)
+        log.info("radixtier: HiCache backend for %s rank %d (tp %d/%d, pp %d/%d%s) on %s, index %s",
+                 self.rank.model or "model", self.rank.rank_index(), self.rank.tp_rank, self.rank.tp_size,
+                 self.rank.pp_rank, self.rank.pp_size, ", MLA" if self.rank.is_mla else "", self.config.path,
+                 self.config.redis_url or "in-process")
+
+    # ---------------------------------------------------------------- host pools
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        self.mem_pool_host = mem_pool_host
+        self._formats[KV_POOL] = _pool_format(KV_POOL, mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
+        name = str(host_pool_name)
+        self.registered_pools[name] = host_pool
+        self._formats[name] = _pool_format(name, host_pool)
+
+    def on_host_pools_registered(self) -> None:
+        self._ensure_open()  # fail the attach now (bad path, page size, partition), not on the first read
+
+    @property
+    def store(self):
+        return self._ensure_open()
+
+    @property
+    def index(self):
+        self._ensure_open()
+        return self._index
+
+    def _ensure_open(self):
+        if self._store is not None:
+            return self._store
+        with self._open_lock:
+            if self._closed:
+                raise RuntimeError("radixtier: backend is closed")
+            if self._store is None:
+                if not self._formats:
+                    raise RuntimeError("radixtier: no host pool registered yet (register_mem_pool_host)")
+                need = self.config.page_bytes or max(f.page_bytes for f in self._formats.values())
+                too_big = [f for f in self._formats.values() if f.page_bytes > need]
+                if too_big:
+                    raise ConfigError(f"page_bytes: {need} is smaller than a page of pool {too_big[0].pool!r} "
+                                      f"({too_big[0].page_bytes} bytes)")
+                store = open_partition(self.config, need, self.rank.rank_index(), self.node_id)
+                try:
+                    self._index = open_index(self.config, store, self.node_id)
+                except BaseException:
+                    store.close()
+                    raise
+                self._store = store
+                log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
+                         store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
+        return self._store
+
+    def _format(self, pool: str) -> PoolFormat:
+        fmt = self._formats.get(pool)
+        if fmt is None:
+            raise KeyError(f"pool {pool!r} is not registered with the radixtier backend")
+        return fmt
+
+    def _pool(self, name: str):
+        if name == KV_POOL and name not in self.registered_pools:
+            return self.mem_pool_host
+        return self.registered_pools[name]
+
+    # ---------------------------------------------------------------- v1: zero copy
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        return self._guard("batch_get_v1", len(keys), lambda: self._get_pool_pages(
+            KV_POOL, self.mem_pool_host, keys, host_indices, _prefix(extra_info), V1))
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        return self._guard("batch_set_v1", len(keys), lambda: self._set_pool_pages(
+            KV_POOL, self.mem_pool_host, keys, host_indices, _prefix(extra_info), V1))
+
+    # ---------------------------------------------------------------- legacy: flat pages
+    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+        out = self.batch_get([key], [target_location])
+        return out[0] if out else None
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None):
+        if not keys:
+            return []
+        if target_locations is None or len(target_locations) != len(keys):
+            log.error("radixtier: batch_get needs one target tensor per key (%d keys)", len(keys))
+            return [None] * len(keys)
+
+        def run():
+            chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
+            ok = self._read(chain, [_host_tensor(t, target=True) for t in target_locations])
+            return ok
+        ok = self._guard("batch_get", len(keys), run)
+        return [t if good else None for t, good in zip(target_locations, ok)]
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        if not keys:
+            return True
+        if values is None or len(values) != len(keys):
+            log.error("radixtier: batch_set needs one value tensor per key (%d keys)", len(keys))
+            return False
+
+        def run():
+            chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
+            chain.parents = [None] * len(keys)  # a legacy batch is not promised to be one chain
+            return self._write(KV_POOL, chain, [_host_tensor(v) for v in values])
+        return all(self._guard("batch_set", len(keys), run))
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        """Leading run of pages held here or, through the index, by another node in this namespace."""
+        if not keys:
+            return 0
+
+        def run():
+            chain = self.keys.chain(keys, _prefix(extra_info), self._format(KV_POOL), self.kv_interface)
+            return [self._leading_run(chain)]
+        return self._guard("batch_exists", 1, run, failed=0)[0]
+
+    # ---------------------------------------------------------------- v2: sidecar pools
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        def run():
+            kv_pages = self.batch_exists(keys, extra_info)
+            hits: Dict[str, int] = {str(KV_POOL): kv_pages} if kv_pages else {}
+            restorable = list(range(1, kv_pages + 1))
+            for t in pool_transfers or []:
+                if not restorable:
+                    break
+                name = str(t.name)
+                fmt = self._format(name)
+                chain = self.keys.chain(keys[:kv_pages], _prefix(extra_info), fmt, self._interface_of(name))
+                have = self.store.exists(chain.keys)
+                if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                    boundary = leading_true(have)
+                    ok_lengths = set(range(1, boundary + 1))
+                elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                    window = max(1, len(t.keys) if t.keys else 1)
+                    ok_lengths = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - window):n])}
+                    boundary = max(ok_lengths, default=0)
+                else:  # a pool kind this backend does not know how to gate: report none of it, never guess
+                    log.warning("radixtier: pool %s: hit policy %s not supported; reporting no pages", name,
+                                t.hit_policy)
+                    continue
+                if boundary:
+                    hits[name] = boundary
+                restorable = [n for n in restorable if n in ok_lengths]
+            return [PoolTransferResult(restorable[-1] if restorable else 0, hits, restorable)]
+        return self._guard("batch_exists_v2", 1, run, failed=PoolTransferResult.empty())[0]
+
+    def batch_get_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
+        return {str(t.name): self._guard(f"batch_get_v2[{t.name}]", len(t.keys or []), lambda t=t: self._get_pool_pages(
+            str(t.name), self._pool(str(t.name)), t.keys or [], t.host_indices, _chain_prefix(t, extra_info),
+            self._interface_of(str(t.name)))) for t in transfers}
+
+    def batch_set_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
+        return {str(t.name): self._guard(f"batch_set_v2[{t.name}]", len(t.keys or []), lambda t=t: self._set_pool_pages(
+            str(t.name), self._pool(str(t.name)), t.keys or [], t.host_indices, _chain_prefix(t, extra_info),
+            self._interface_of(str(t.name)))) for t in transfers}
+
+    def _interface_of(self, pool_name: str) -> str:
+        if pool_name == KV_POOL:
+            return self.kv_interface
+        return V1 if hasattr(self._pool(pool_name), "get_page_buffer_meta") else FLAT
+
+    # ---------------------------------------------------------------- the work
+    def _page_buffers(self, pool, host_indices: torch.Tensor, pages: int, interface: str, for_read: bool):
+        page_size = int(getattr(pool, "page_size", 1) or 1)
+        if host_indices is None or host_indices.numel() != pages * page_size:
+            raise ValueError(f"host_indices: expected {pages * page_size} token slots for {pages} pages, got "
+                             f"{0 if host_indices is None else host_indices.numel()}")
+        if interface == V1:
+            ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+            return split_segments(ptrs, sizes, pages), None
+        starts = [int(host_indices[i * page_size]) for i in range(pages)]
+        if for_read:
+            bufs = [pool.get_dummy_flat_data_page() for _ in range(pages)]
+            return bufs, starts
+        return [_host_tensor(pool.get_data_page(s, flat=True)) for s in starts], None
+
+    def _get_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str) -> List[bool]:
+        if not keys:
+            return []
+        if pool is None:
+            raise RuntimeError("no host pool registered")
+        bufs, starts = self._page_buffers(pool, host_indices, len(keys), interface, for_read=True)
+        chain = self.keys.chain(keys, prefix, self._format(name), interface)
+        ok = self._read(chain, bufs)
+        if starts is not None:
+            for good, buf, s in zip(ok, bufs, starts):
+                if good:
+                    pool.set_from_flat_data_page(s, buf)
+        return ok
+
+    def _set_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str) -> List[bool]:
+        if not keys:
+            return []
+        if pool is None:
+            raise RuntimeError("no host pool registered")
+        if not self.rank.writes(name):
+            self._stats.add(pages_skipped_not_writer=len(keys))
+            return [True] * len(keys)  # the storage writer rank stores this replicated page
+        bufs, _ = self._page_buffers(pool, host_indices, len(keys), interface, for_read=False)
+        chain = self.keys.chain(keys, prefix, self._format(name), interface)
+        return self._write(name, chain, bufs)
+
+    def _leading_run(self, chain: Chain) -> int:
+        store = self.store
+        local = store.leading_run(chain.keys)
+        remote = self._remote_run(chain, local) if local < len(chain.keys) else []
+        self._stats.add(exists_calls=1)
+        return local + len(remote)
+
+    def _remote_run(self, chain: Chain, start: int) -> List[PageRecord]:
+        """Leading pages from `start` that other live nodes hold in our namespace (remembered for the read)."""
+        if self._index is None or start >= len(chain.keys):
+            return []
+        try:
+            runs = self._index.lookup(chain.root, chain.keys[start:])
+        except Exception as exc:  # the index is advisory: serve from local pages
+            log.warning("radixtier: prefix index lookup failed, local pages only: %s", exc)
+            return []
+        out: List[PageRecord] = []
+        uuid = self._store.uuid
+        for recs in runs:
+            rec = next((r for r in recs if r.tier == "storage" and r.location.namespace == uuid), None)
+            if rec is None:
+                break
+            out.append(rec)
+        with self._hints_lock:
+            for key, rec in zip(chain.keys[start:], out):
+                self._hints[key] = rec
+                self._hints.move_to_end(key)
+            while len(self._hints) > _HINTS:
+                self._hints.popitem(last=False)
+        return out
+
+    def _read(self, chain: Chain, bufs: List[Any]) -> List[bool]:
+        store = self.store
+        t0 = time.perf_counter()
+        ok = store.get(chain.keys, bufs)
+        local = sum(ok)
+        remote = 0
+        if local < len(ok):
+            first = leading_true(ok)
+            missing = [i for i in range(first, len(ok)) if not ok[i]]
+            with self._hints_lock:
+                recs = {i: self._hints.get(chain.keys[i]) for i in missing}
+            if any(r is None for r in recs.values()):  # not seen by batch_exists: ask the index now
+                for j, rec in enumerate(self._remote_run(chain, first)):
+                    if recs.get(first + j, rec) is None:
+                        recs[first + j] = rec
+            for i in missing:
+                rec = recs.get(i)
+                if rec is not None:
+                    ok[i] = store.read_location(rec.location, chain.keys[i], bufs[i])  # verified by header
+                    remote += ok[i]
+        n_ok = local + remote
+        self._stats.add(pages_local=local, pages_remote=remote, pages_missed=len(ok) - n_ok)
+        if n_ok:
+            self._stats.record(True, n_ok, n_ok * self._page_nbytes(bufs[0]), time.perf_counter() - t0)
+        return ok
+
+    def _write(self, pool: str, chain: Chain, bufs: List[Any]) -> List[bool]:
+        store = self.store
+        t0 = time.perf_counter()
+        res = store.put(chain.keys, bufs, parents=chain.parents)
+        evicted = list(res.evicted) + store.take_evicted()
+        n_ok = sum(res.ok)
+        self._stats.add(pages_written=n_ok, pages_write_failed=len(res.ok) - n_ok)
+        if n_ok:
+            self._stats.record(False, n_ok, n_ok * self._page_nbytes(bufs[0]), time.perf_counter() - t0)
+        self._publish(chain, res.ok, evicted)
+        return list(res.ok)
+
+    def _publish(self, chain: Chain, ok: List[bool], evicted: List[bytes]) -> None:
+        if self._index is None:
+            return
+        try:
+            if evicted:
+                self._index.unpublish(evicted)
+            keys, recs = [], []
+            for key, good in zip(chain.keys, ok):
+                loc = self._store.location(key) if good else None
+                if loc is not None:
+                    keys.append(key)
+                    recs.append(PageRecord(self.node_id, "storage", loc))
+            if keys:
+                self._index.publish(chain.root, keys, recs)
+        except Exception as exc:  # the index is advisory
+            log.warning("radixtier: prefix index publish failed: %s", exc)
+
+    @staticmethod
+    def _page_nbytes(buf) -> int:
+        if isinstance(buf, list):
+            return sum(n for _p, n in buf)
+        return buf.numel() * buf.element_size()
+
+    def _guard(self, op: str, n: int, fn, failed: Any = False) -> List[Any]:
+        """Run one SGLang call; any error is logged and turned into misses, never raised into SGLang."""
+        try:
+            return fn()
+        except Exception as exc:
+            self._stats.add(errors=1)
+            log.error("radixtier: %s of %d page(s) failed: %s", op, n, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            return [failed] * n
+
+    # ---------------------------------------------------------------- housekeeping
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the index has every record published so far (tests, orderly shutdown)."""
+        return flush_index(self._index, timeout)
+
+    def clear(self) -> bool:
+        try:
+            store = self.store
+            keys = [k for k, _p, _l in store.entries()]
+            store.clear()
+            if self._index is not None and keys:
+                self._index.unpublish(keys)
+            with self._hints_lock:
+                self._hints.clear()
+            log.info("radixtier: cleared %d pages from %s partition %d", len(keys), self.config.path, store.partition)
+            return True
+        except Exception as exc:
+            log.error("radixtier: clear failed: %s", exc)
+            return False
+
+    def get_stats(self):
+        """SGLang's StorageMetrics for the interval since the last call (SGLang logs them as histograms)."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        s = self._stats
+        with s.lock:
+            m = StorageMetrics(prefetch_pgs=s.prefetch_pgs, backup_pgs=s.backup_pgs,
+                               prefetch_bandwidth=s.prefetch_bandwidth, backup_bandwidth=s.backup_bandwidth)
+            s.prefetch_pgs, s.backup_pgs, s.prefetch_bandwidth, s.backup_bandwidth = [], [], [], []
+        return m
+
+    def radixtier_stats(self) -> Dict[str, Any]:
+        """Totals since start: pages by source, writes, errors, and the store's own counters."""
+        with self._stats.lock:
+            totals = dict(self._stats.totals)
+        if self._store is not None:
+            totals["store"] = self._store.stats()
+        health = getattr(self._index, "health", None)
+        if health is not None:
+            totals["index"] = health()
+        return totals
+
+    def close(self) -> None:
+        with self._open_lock:
+            if self._closed:
+                return
+            self._closed = True
+            index, store = self._index, self._store
+            self._index = self._store = None
+        try:
+            if index is not None:
+                index.close()
+        finally:
+            if store is not None:
+                store.close()
+
+
+def _pool_format(name: str, pool) -> PoolFormat:
+    """Page size in bytes as the zero-copy walk sees it (the flat page holds the same bytes)."""
+    page_size = int(getattr(pool, "page_size", 1) or 1)
+    nbytes = 0
+    if hasattr(pool, "get_page_buffer_meta"):
+        try:
+            _ptrs, sizes = pool.get_page_buffer_meta(torch.arange(page_size))
+            nbytes = int(sum(sizes))
+        except Exception:  # some pools support the walk in some layouts only
+            nbytes = 0
+    if not nbytes:
+        page = pool.get_dummy_flat_data_page()
+        nbytes = page.numel() * page.element_size()
+    return PoolFormat(name, str(getattr(pool, "layout", "unknown")), str(getattr(pool, "dtype", "unknown")), nbytes)
+
+
+def _prefix(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:
+    return None if extra_info is None else extra_info.prefix_keys
+
+
+def _chain_prefix(t: PoolTransfer, extra_info) -> Optional[List[str]]:
+    # A pool that holds every page of the prefix continues the KV chain; a trailing window does not.
+    return _prefix(extra_info) if t.hit_policy == PoolHitPolicy.ALL_PAGES else None
+
+
+def _host_tensor(t, target: bool = False) -> torch.Tensor:
+    """A contiguous CPU tensor to do I/O on; a read target must be one already (a copy would be lost)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a host tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"expected a host (CPU) tensor, got one on {t.device}")
+    if t.is_contiguous():
+        return t
+    if target:
+        raise ValueError("read target tensor must be contiguous")
+    return t.contiguous()

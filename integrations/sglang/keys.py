@@ -1,0 +1,146 @@
+"""SGLang page keys -> radixtier store keys, and the chain each call's pages belong to.
+
+SGLang's page keys are chained hashes (each commits to every token before it) but are the
+same on every TP/PP rank and in every layout. A store key therefore also commits to what
+makes the bytes differ: the rank's shard, the pool, the host layout, the dtype and, where the
+two byte orders differ (layer_first), which interface wrote the page. Two ranks or two
+layouts never read each other's bytes as their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+DIGEST_BYTES = 16
+KV_POOL = "kv"
+TP_SHARDED_POOLS = frozenset({"mamba"})  # TP-sharded even when the model's MLA KV is replicated
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=DIGEST_BYTES).digest()
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Which shard of every page this process holds (mirrors SGLang's HiCacheFile suffixes)."""
+
+    model: str
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    dcp_rank: int = 0
+    dcp_size: int = 1
+    dp_rank: int = 0
+    is_mla: bool = False
+    is_writer: bool = True
+
+    @classmethod
+    def from_storage_config(cls, sc) -> "RankIdentity":
+        model = "-".join((sc.model_name or "").split("/"))
+        return cls(model=model, tp_rank=sc.tp_rank, tp_size=sc.tp_size, pp_rank=sc.pp_rank, pp_size=sc.pp_size,
+                   cp_rank=getattr(sc, "attn_cp_rank", 0), cp_size=getattr(sc, "attn_cp_size", 1),
+                   dcp_rank=getattr(sc, "dcp_rank", 0), dcp_size=getattr(sc, "dcp_size", 1),
+                   dp_rank=getattr(sc, "dp_rank", 0), is_mla=bool(sc.is_mla_model),
+                   is_writer=bool(getattr(sc, "is_storage_writer", True)))
+
+    def shard_suffix(self) -> str:
+        s = f"_{self.pp_size}_{self.pp_rank}" if self.pp_size > 1 else ""
+        if self.cp_size > 1:
+            s += f"_cp{self.cp_rank}_{self.cp_size}"
+        if self.dcp_size > 1:
+            s += f"_tp{self.tp_size}_dcp{self.dcp_rank}_{self.dcp_size}"
+        return s
+
+    def tp_suffix(self) -> str:
+        return f"_{self.model}_{self.tp_rank}_{self.tp_size}{self.shard_suffix()}"
+
+    def replicated_suffix(self) -> str:
+        """Suffix of pages every TP rank holds identically (MLA KV): one copy serves all ranks."""
+        return f"_{self.model}{self.shard_suffix()}"
+
+    def rank_index(self) -> int:
+        """This process's position among the writers of one node, for picking its own partition."""
+        return ((self.dp_rank * self.pp_size + self.pp_rank) * self.tp_size + self.tp_rank) * self.cp_size + self.cp_rank
+
+    def writes(self, pool: str) -> bool:
+        """MLA KV is written once, by the storage writer; TP-sharded state by every rank."""
+        return self.is_writer or not self.is_mla or pool in TP_SHARDED_POOLS
+
+    def suffix(self, pool: str) -> str:
+        if self.is_mla and pool not in TP_SHARDED_POOLS:
+            return self.replicated_suffix()
+        return self.tp_suffix()
+
+
+@dataclass(frozen=True)
+class PoolFormat:
+    """What the bytes of one pool's pages look like; part of every key of that pool."""
+
+    pool: str
+    layout: str
+    dtype: str
+    page_bytes: int
+
+    def tag(self, interface: str) -> str:
+        # In layer_first the zero-copy pointer walk (per layer: K, V) and the flat page
+        # (all K, then all V) order the same bytes differently; elsewhere they agree.
+        wire = interface if self.layout == "layer_first" else "any"
+        return f"{self.pool}|{self.layout}|{self.dtype}|{self.page_bytes}|{wire}"
+
+
+@dataclass
+class Chain:
+    """Store keys of one call, with each page's parent and the chain's root (index hash tag)."""
+
+    keys: List[bytes]
+    parents: List[Optional[bytes]]
+    root: bytes
+
+
+class KeyMapper:
+    """Derives store keys for one rank; pure functions of SGLang's keys and the pool format."""
+
+    def __init__(self, rank: RankIdentity) -> None:
+        self.rank = rank
+
+    def store_key(self, key: str, fmt: PoolFormat, interface: str) -> bytes:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key: expected a non-empty page hash string, got {key!r}")
+        return _digest(f"{key}{self.rank.suffix(fmt.pool)}|{fmt.tag(interface)}")
+
+    def chain(self, keys: Sequence[str], prefix_keys: Optional[Sequence[str]], fmt: PoolFormat,
+              interface: str) -> Chain:
+        """prefix_keys + keys is one contiguous chain (SGLang's contract when it passes prefix keys)."""
+        skeys = [self.store_key(k, fmt, interface) for k in keys]
+        if prefix_keys:
+            first_parent: Optional[bytes] = self.store_key(prefix_keys[-1], fmt, interface)
+            root = self.store_key(prefix_keys[0], fmt, interface)
+        else:
+            # Without prefix keys the call is taken to start its chain: right for the first
+            # batch of a sequence, and only an eviction-order/index-grouping hint otherwise.
+            first_parent = None
+            root = skeys[0] if skeys else _digest("empty")
+        parents: List[Optional[bytes]] = [first_parent] + skeys[:-1] if skeys else []
+        return Chain(skeys, parents, root)
+
+
+def leading_true(flags: Sequence[bool]) -> int:
+    for i, f in enumerate(flags):
+        if not f:
+            return i
+    return len(flags)
+
+
+def split_segments(ptrs: Sequence[int], sizes: Sequence[int], pages: int) -> List[List[Tuple[int, int]]]:
+    """SGLang's flat (pointer, size) lists from get_page_buffer_meta -> one segment list per page."""
+    if pages == 0:
+        return []
+    if len(ptrs) != len(sizes) or len(ptrs) % pages:
+        raise ValueError(f"host pool returned {len(ptrs)} pointers and {len(sizes)} sizes for {pages} pages")
+    per = len(ptrs) // pages
+    return [[(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)] for i in range(pages)]

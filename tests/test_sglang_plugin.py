@@ -1,0 +1,385 @@
+"""The SGLang 0.5.23 plugin against SGLang's real host pools and storage factory, on the CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang 0.5.23 (bash scripts/setup.sh --test)")
+
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageConfig, HiCacheStorageExtraInfo,  # noqa: E402
+                                                  PoolHitPolicy, PoolName, PoolTransfer)
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+from radixtier.integrations.sglang.backend import RadixTierStorage  # noqa: E402
+from radixtier.integrations.sglang.config import ConfigError  # noqa: E402
+from radixtier.storage.layout import HEADER_BYTES  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+PAGE = 16
+LAYOUTS = ("page_first", "layer_first")
+
+
+def make_host_pool(layout: str, seed: int = 0, layers: int = 4) -> MHATokenToKVPoolHost:
+    dev = MHATokenToKVPool(256, PAGE, torch.bfloat16, 2, 64, layers, "cpu", False,
+                           start_layer=0, end_layer=layers, enable_alt_stream=False)
+    host = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, layout,
+                                pin_memory=False, device="cpu", device_capacity_tokens=dev.size,
+                                start_layer=0, end_layer=layers, write_back_staging=dev.hicache_write_back_staging)
+    g = torch.Generator().manual_seed(seed)
+    host.kv_buffer.view(torch.int16).copy_(torch.randint(-30000, 30000, host.kv_buffer.shape, generator=g,
+                                                         dtype=torch.int16))
+    return host
+
+
+def storage_config(extra: dict, tp_rank: int = 0, tp_size: int = 1, mla: bool = False, layout: str = "page_first",
+                   pp_rank: int = 0, pp_size: int = 1) -> HiCacheStorageConfig:
+    base = {"backend_name": "radixtier", "module_path": "radixtier.integrations.sglang",
+            "class_name": "RadixTierStorage"}
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=0,
+                                attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
+                                is_page_first_layout=layout == "page_first", model_name="org/test-model",
+                                extra_config={**base, **extra})
+
+
+def attach(host, extra: dict, **kw) -> RadixTierStorage:
+    """What SGLang does: build through the factory (pool not passed), then register the pools."""
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra, layout=host.layout, **kw), host)
+    backend.register_mem_pool_host(host)
+    backend.register_mem_host_pool_v2(host, PoolName.KV)
+    backend.on_host_pools_registered()
+    return backend
+
+
+def chain_keys(n: int, seed: str = "s") -> list:
+    keys, prev = [], seed
+    for i in range(n):
+        prev = hashlib.sha256(f"{prev}/{i}".encode()).hexdigest()
+        keys.append(prev)
+    return keys
+
+
+def slots(first_page: int, n: int) -> torch.Tensor:
+    return torch.arange(first_page * PAGE, (first_page + n) * PAGE, dtype=torch.int64)
+
+
+def page_bytes(host, page: int) -> bytes:
+    return host.get_data_page(page * PAGE, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.view(torch.uint8).numpy().tobytes() == b.view(torch.uint8).numpy().tobytes()  # random bf16 bits hold NaNs
+
+
+def scramble(host, first_page: int, n: int) -> None:
+    for p in range(first_page, first_page + n):
+        host.set_from_flat_data_page(p * PAGE, torch.zeros_like(host.get_dummy_flat_data_page()))
+
+
+@pytest.fixture
+def ns(tmp_path):
+    return {"path": str(tmp_path / "ns.img"), "capacity": "64MiB", "node_id": "node-a"}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_round_trip_zero_copy(ns, layout):
+    host = make_host_pool(layout)
+    b = attach(host, {**ns, "interface_v1": 1})
+    keys = chain_keys(6)
+    want = [page_bytes(host, p) for p in range(6)]
+    assert b.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 0
+    assert b.batch_set_v1(keys, slots(0, 6), HiCacheStorageExtraInfo(prefix_keys=[])) == [True] * 6
+    scramble(host, 10, 6)
+    assert b.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 6
+    assert b.batch_get_v1(keys, slots(10, 6), HiCacheStorageExtraInfo(prefix_keys=[])) == [True] * 6
+    assert [page_bytes(host, 10 + p) for p in range(6)] == want
+    stats = b.radixtier_stats()
+    assert stats["pages_local"] == 6 and stats["pages_written"] == 6 and stats["errors"] == 0
+    b.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_legacy_flat_round_trip(ns, layout):
+    host = make_host_pool(layout, seed=1)
+    b = attach(host, ns)
+    keys = chain_keys(4, "legacy")
+    values = [host.get_data_page(p * PAGE, flat=True) for p in range(4)]
+    want = [v.clone() for v in values]
+    assert b.batch_set(keys, values) is True
+    assert all(b.exists(k) for k in keys) and not b.exists(chain_keys(1, "other")[0])
+    assert b.batch_exists(keys + chain_keys(2, "tail")) == 4
+    got = b.batch_get(keys, [host.get_dummy_flat_data_page() for _ in keys])
+    assert all(g is not None and same_bytes(g, w) for g, w in zip(got, want))
+    single = b.get(keys[2], host.get_dummy_flat_data_page())
+    assert same_bytes(single, want[2])
+    assert b.get(chain_keys(1, "absent")[0], host.get_dummy_flat_data_page()) is None
+    b.close()
+
+
+def test_layer_first_v1_and_flat_pages_never_mix(ns):
+    """The two interfaces order layer_first bytes differently: a page written by one is not read by the other."""
+    host = make_host_pool("layer_first", seed=2)
+    b = attach(host, ns)
+    keys = chain_keys(2, "mix")
+    assert all(b.batch_set_v1(keys, slots(0, 2)))
+    assert b.batch_get(keys, [host.get_dummy_flat_data_page() for _ in keys]) == [None, None]
+    b.close()
+
+
+def test_restart_finds_earlier_pages(ns):
+    host = make_host_pool("page_first", seed=3)
+    keys = chain_keys(8, "restart")
+    want = [page_bytes(host, p) for p in range(8)]
+    b = attach(host, {**ns, "interface_v1": 1})
+    assert all(b.batch_set_v1(keys, slots(0, 8), HiCacheStorageExtraInfo(prefix_keys=[])))
+    b.close()
+    host2 = make_host_pool("page_first", seed=99)
+    b2 = attach(host2, {**ns, "interface_v1": 1})
+    assert b2.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 8
+    assert all(b2.batch_get_v1(keys, slots(4, 8)))
+    assert [page_bytes(host2, 4 + p) for p in range(8)] == want
+    b2.close()
+
+
+def test_corrupted_page_reads_as_miss(ns):
+    host = make_host_pool("page_first", seed=4)
+    b = attach(host, {**ns, "interface_v1": 1})
+    keys = chain_keys(5, "corrupt")
+    assert all(b.batch_set_v1(keys, slots(0, 5)))
+    skey = b.keys.chain(keys, None, b._format("kv"), "v1").keys[2]
+    loc = b.store.location(skey)
+    fd = os.open(ns["path"], os.O_RDWR)
+    try:
+        off = b.store.sb.slot_offset(loc.slot) + HEADER_BYTES + 100
+        old = os.pread(fd, 1, off)
+        os.pwrite(fd, bytes([old[0] ^ 0xFF]), off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    ok = b.batch_get_v1(keys, slots(10, 5))
+    assert ok == [True, True, False, True, True]
+    assert b.batch_exists(keys) == 2  # the bad slot is freed: it is never read again
+    assert b.store.counters.corrupt == 1
+    b.close()
+
+
+def test_two_nodes_share_namespace_through_redis(ns, redis_server):
+    host_a, host_b = make_host_pool("page_first", seed=5), make_host_pool("page_first", seed=6)
+    common = {"path": ns["path"], "capacity": ns["capacity"], "redis_url": redis_server.url, "interface_v1": 1}
+    a = attach(host_a, {**common, "node_id": "node-a", "partition": 0})
+    bnode = attach(host_b, {**common, "node_id": "node-b", "partition": 1})
+    keys = chain_keys(12, "shared-system-prompt")
+    want = [page_bytes(host_a, p) for p in range(12)]
+    assert all(a.batch_set_v1(keys[:8], slots(0, 8), HiCacheStorageExtraInfo(prefix_keys=[])))
+    assert all(a.batch_set_v1(keys[8:], slots(8, 4), HiCacheStorageExtraInfo(prefix_keys=keys[:8])))
+    assert a.flush(10)
+    # node B has none of these pages locally; the index says node A holds them in this namespace
+    assert bnode.store.leading_run(bnode.keys.chain(keys, None, bnode._format("kv"), "v1").keys) == 0
+    info = HiCacheStorageExtraInfo(prefix_keys=keys[:8])
+    assert bnode.batch_exists(keys[:8], HiCacheStorageExtraInfo(prefix_keys=[])) == 8
+    assert bnode.batch_exists(keys[8:], info) == 4
+    assert all(bnode.batch_get_v1(keys[8:], slots(20, 4), info))
+    assert all(bnode.batch_get_v1(keys[:8], slots(24, 8), HiCacheStorageExtraInfo(prefix_keys=[])))
+    assert [page_bytes(host_b, p) for p in range(24, 32)] + [page_bytes(host_b, p) for p in range(20, 24)] == want
+    assert bnode.radixtier_stats()["pages_remote"] == 12
+    # node A goes away: its records stop being served (B's reads fall back to recompute, never stale bytes)
+    a.close()
+    time.sleep(1.2)  # readers cache the live-node set for up to heartbeat_s
+    assert bnode.batch_exists(keys[:8], HiCacheStorageExtraInfo(prefix_keys=[])) == 0
+    bnode.close()
+
+
+def test_two_backends_in_one_process_share_without_redis(ns):
+    host_a, host_b = make_host_pool("page_first", seed=7), make_host_pool("page_first", seed=8)
+    a = attach(host_a, {**ns, "node_id": "a", "partition": 0, "interface_v1": 1})
+    bnode = attach(host_b, {**ns, "node_id": "b", "partition": 1, "interface_v1": 1})
+    keys = chain_keys(3, "inproc")
+    assert all(a.batch_set_v1(keys, slots(0, 3)))
+    assert bnode.batch_exists(keys) == 3
+    assert all(bnode.batch_get_v1(keys, slots(5, 3)))
+    assert [page_bytes(host_b, 5 + p) for p in range(3)] == [page_bytes(host_a, p) for p in range(3)]
+    a.close()
+    bnode.close()
+
+
+def test_tp_ranks_never_collide(ns):
+    """Same SGLang keys on two TP ranks are two different pages (each rank holds its own heads)."""
+    h0, h1 = make_host_pool("page_first", seed=10), make_host_pool("page_first", seed=11)
+    r0 = attach(h0, {**ns, "interface_v1": 1}, tp_rank=0, tp_size=2)
+    r1 = attach(h1, {**ns, "interface_v1": 1}, tp_rank=1, tp_size=2)
+    assert r0.store.partition != r1.store.partition
+    keys = chain_keys(3, "tp")
+    assert all(r0.batch_set_v1(keys, slots(0, 3))) and all(r1.batch_set_v1(keys, slots(0, 3)))
+    assert all(r0.batch_get_v1(keys, slots(8, 3))) and all(r1.batch_get_v1(keys, slots(8, 3)))
+    assert [page_bytes(h0, 8 + p) for p in range(3)] == [page_bytes(h0, p) for p in range(3)]
+    assert [page_bytes(h1, 8 + p) for p in range(3)] == [page_bytes(h1, p) for p in range(3)]
+    assert page_bytes(h0, 8) != page_bytes(h1, 8)
+    r0.close()
+    r1.close()
+
+
+def test_mla_only_the_storage_writer_writes(ns, redis_server):
+    h0, h1 = make_host_pool("page_first", seed=12), make_host_pool("page_first", seed=13)
+    extra = {**ns, "interface_v1": 1, "redis_url": redis_server.url}
+    w = attach(h0, extra, tp_rank=0, tp_size=2, mla=True)
+    r = attach(h1, extra, tp_rank=1, tp_size=2, mla=True)
+    keys = chain_keys(4, "mla")
+    info = HiCacheStorageExtraInfo(prefix_keys=[])
+    assert all(r.batch_set_v1(keys, slots(0, 4), info))  # acknowledged; the writer rank stores it
+    assert len(r.store) == 0 and r.radixtier_stats()["pages_skipped_not_writer"] == 4
+    assert all(w.batch_set_v1(keys, slots(0, 4), info)) and len(w.store) == 4
+    assert w.flush(10)
+    assert r.batch_exists(keys, info) == 4
+    assert all(r.batch_get_v1(keys, slots(8, 4), info))
+    assert [page_bytes(h1, 8 + p) for p in range(4)] == [page_bytes(h0, p) for p in range(4)]
+    w.close()
+    r.close()
+
+
+def fill_with_conversations(extra: dict):
+    """Fill a small namespace, re-read one conversation's newest turn, then overflow it."""
+    host = make_host_pool("page_first", seed=14)
+    b = attach(host, extra)
+    cap = b.store.capacity_pages
+    chains = [chain_keys(8, f"conv{c}") for c in range(cap // 8 + 3)]
+
+    def write(c):
+        assert all(b.batch_set_v1(c[:4], slots(0, 4), HiCacheStorageExtraInfo(prefix_keys=[])))
+        assert all(b.batch_set_v1(c[4:], slots(4, 4), HiCacheStorageExtraInfo(prefix_keys=c[:4])))
+
+    for c in chains[:cap // 8]:
+        write(c)
+    assert all(b.batch_get_v1(chains[0][4:], slots(8, 4), HiCacheStorageExtraInfo(prefix_keys=chains[0][:4])))
+    for c in chains[cap // 8:]:
+        write(c)
+    fmt = b._format("kv")
+    held = [b.store.exists(b.keys.chain(c, None, fmt, "v1").keys) for c in chains]
+    parents = {k: p for k, p, _loc in b.store.entries()}
+    last = b.keys.chain(chains[-1], None, fmt, "v1").keys
+    b.close()
+    return cap, held, parents, last
+
+
+def test_prefix_keys_make_eviction_leaves_first(tmp_path):
+    """Under pressure every stored chain stays a prefix: a parent never goes before its children."""
+    cap, held, parents, last = fill_with_conversations(
+        {"path": str(tmp_path / "small.img"), "capacity": "4MiB", "partitions": 1, "interface_v1": 1})
+    assert parents[last[4]] == last[3]  # the parent link came from prefix_keys
+    assert sum(map(sum, held)) <= cap
+    assert all(h == sorted(h, reverse=True) for h in held), "a page was kept while its parent was evicted"
+    assert any(any(h) for h in held) and not all(all(h) for h in held)
+
+
+def test_plain_lru_breaks_chains_the_same_workload(tmp_path):
+    """The comparison the tree order exists for: per-page LRU keeps the re-read turn, drops its prefix."""
+    _cap, held, _parents, _last = fill_with_conversations(
+        {"path": str(tmp_path / "small.img"), "capacity": "4MiB", "partitions": 1, "interface_v1": 1,
+         "eviction": "lru"})
+    assert held[0] == [False] * 4 + [True] * 4
+
+
+def test_sidecar_pools_v2(ns):
+    host = make_host_pool("page_first", seed=15)
+    side = make_host_pool("page_first", seed=16, layers=1)
+    b = StorageBackendFactory.create_backend("dynamic", storage_config({**ns, "interface_v1": 1}), host)
+    b.register_mem_pool_host(host)
+    b.register_mem_host_pool_v2(host, PoolName.KV)
+    b.register_mem_host_pool_v2(side, PoolName.MAMBA)
+    b.on_host_pools_registered()
+    keys = chain_keys(6, "hybrid")
+    info = HiCacheStorageExtraInfo(prefix_keys=[])
+    assert all(b.batch_set_v1(keys, slots(0, 6), info))
+    tail = PoolTransfer(name=PoolName.MAMBA, host_indices=slots(3, 3), keys=keys[3:],
+                        hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    assert b.batch_set_v2([tail], info) == {"mamba": [True] * 3}
+    res = b.batch_exists_v2(keys, [PoolTransfer(name=PoolName.MAMBA, keys=keys[-1:],
+                                                hit_policy=PoolHitPolicy.TRAILING_PAGES)], info)
+    assert res.kv_hit_pages == 6 and res.extra_pool_hit_pages["mamba"] == 6
+    need_all = b.batch_exists_v2(keys, [PoolTransfer(name=PoolName.MAMBA, keys=keys,
+                                                     hit_policy=PoolHitPolicy.ALL_PAGES)], info)
+    assert need_all.kv_hit_pages == 0  # mamba pages 0..2 were never stored
+    want = [page_bytes(side, p) for p in range(3, 6)]
+    scramble(side, 10, 3)
+    got = b.batch_get_v2([PoolTransfer(name=PoolName.MAMBA, host_indices=slots(10, 3), keys=keys[3:],
+                                       hit_policy=PoolHitPolicy.TRAILING_PAGES)], info)
+    assert got == {"mamba": [True] * 3}
+    assert [page_bytes(side, p) for p in range(10, 13)] == want
+    b.close()
+
+
+def test_metrics_for_sglang(ns):
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+
+    host = make_host_pool("page_first", seed=17)
+    b = attach(host, {**ns, "interface_v1": 1})
+    keys = chain_keys(4, "metrics")
+    b.batch_set_v1(keys, slots(0, 4))
+    b.batch_get_v1(keys, slots(4, 4))
+    m = b.get_stats()
+    assert isinstance(m, StorageMetrics) and m.prefetch_pgs == [4] and m.backup_pgs == [4]
+    assert m.prefetch_bandwidth[0] > 0
+    assert b.get_stats().prefetch_pgs == []  # per interval
+    assert b.clear() is True and b.batch_exists(keys) == 0
+    b.close()
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"redis_ulr": "redis://x"}, "redis_url"),
+    ({"queue_depth": "many"}, "queue_depth"),
+    ({"queue_depth": 0}, "queue_depth"),
+    ({"io_engine": "spdk"}, "io_engine"),
+    ({"capacity": "lots"}, "capacity"),
+    ({"direct": "maybe"}, "direct"),
+    ({"redis_url": "http://x"}, "redis_url"),
+    ({"node_id": "a:b"}, "node_id"),
+    ({"eviction": "fifo"}, "eviction"),
+    ({"path": ""}, "path"),
+])
+def test_bad_config_names_the_key(ns, extra, field):
+    with pytest.raises(ConfigError, match=field):
+        RadixTierStorage(storage_config({**ns, **extra}), {})
+
+
+def test_bad_namespace_config_fails_the_attach(tmp_path, ns):
+    host = make_host_pool("page_first")
+    with pytest.raises(ConfigError, match="path: .* does not exist; set capacity"):
+        attach(host, {"path": str(tmp_path / "missing.img")})
+    with pytest.raises(ConfigError, match="redis_url: required for an MLA model"):
+        RadixTierStorage(storage_config(ns, tp_rank=0, tp_size=2, mla=True), {})
+    small = make_host_pool("page_first", layers=1)
+    attach(small, ns).close()  # formats the namespace for 1-layer pages
+    with pytest.raises(ConfigError, match="page_bytes: .* holds pages of"):
+        attach(host, ns)
+    other = tmp_path / "not-a-namespace"
+    other.write_bytes(b"precious data" * 1000)
+    with pytest.raises(ConfigError, match="path"):
+        attach(host, {"path": str(other)})
+    assert other.read_bytes() == b"precious data" * 1000
+
+
+def test_errors_become_misses_not_exceptions(ns, caplog):
+    host = make_host_pool("page_first")
+    b = attach(host, {**ns, "interface_v1": 1})
+    keys = chain_keys(2, "err")
+    with caplog.at_level(logging.ERROR, logger="radixtier.sglang"):
+        assert b.batch_set_v1(keys, slots(0, 1)) == [False, False]  # too few host slots
+        assert b.batch_get_v1(keys, slots(0, 3)) == [False, False]
+    assert "host_indices" in caplog.text and b.radixtier_stats()["errors"] == 2
+    b.close()
+
+
+def test_entry_point_registers_and_logs(caplog):
+    from importlib.metadata import entry_points
+
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "radixtier"]
+    assert eps, "radixtier is not installed with its sglang.srt.plugins entry point"
+    with caplog.at_level(logging.INFO, logger="radixtier.sglang"):
+        assert eps[0].load()() is True
+    assert "--hicache-storage-backend dynamic" in caplog.text
