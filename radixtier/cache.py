@@ -52,6 +52,9 @@ class CacheConfig:
     spill_watermark: float = 0.85
     io_workers: int = 4
     eviction: str = LEAVES_FIRST
+    # Tell tier 3 which of its pages device/host still hold: those are its first victims, and
+    # write_through writes a page back down when the upper tiers let go of it without a copy.
+    hold_hints: bool = True
 
     def validated(self) -> "CacheConfig":
         def positive_int(name: str) -> None:
@@ -217,11 +220,18 @@ class TieredKVCache:
         ps = self.config.page_size
         h = PrefixHandle(self, arr.size)
         with self._lock:
+            self._learn_storage_evictions()
             m = self.tree.match(arr)
             up = self.tree.usable_prefix(m)
             self.tree.touch(up.nodes)
             for node, tier in zip(up.nodes, up.tiers):
-                if tier == Tier.STORAGE:
+                if tier == Tier.STORAGE and node.pending is not None:
+                    # another request is promoting it: wait on that transfer, never read it twice
+                    self.tree.lock(node)
+                    h.locked.append(node)
+                    h.stages.append(node.pending)
+                    self._plan(h, node, Tier.STORAGE)
+                elif tier == Tier.STORAGE:
                     for chunk in self.tree.chunk(node, self.config.promote_chunk_pages):
                         if not self._start_promotion(h, [chunk], Tier.STORAGE):
                             return self._finish_plan(h)
@@ -292,9 +302,10 @@ class TieredKVCache:
         self._cleaner_wake.set()
         return added
 
-    def gather(self, device_slots: Sequence[int]) -> torch.Tensor:
-        """KV pages at device slots, as one tensor [n, *page_shape] on the device."""
-        return self.device_pool.read(device_slots)
+    def gather(self, device_slots: Sequence[int], head_elements: Optional[int] = None) -> torch.Tensor:
+        """KV pages at device slots, as one tensor [n, *page_shape] on the device (or only each
+        page's first `head_elements`, [n, head_elements], when pages carry more than the model reads)."""
+        return self.device_pool.read(device_slots, head_elements)
 
     def evict(self, tier: Tier, num_pages: int) -> int:
         """Free at least num_pages slots in a memory tier if unlocked pages allow; returns pages freed."""
@@ -332,11 +343,11 @@ class TieredKVCache:
     def close(self) -> None:
         if self._closed:
             return
-        self.flush(timeout=60.0)
-        self._closed = True
+        self._closed = True  # the write-back cleaner stops first, so nothing new starts after the flush
         self._cleaner_wake.set()
         if self._cleaner is not None:
             self._cleaner.join(timeout=5)
+        self.flush(timeout=60.0)
         self.mover.close()
 
     def __enter__(self) -> "TieredKVCache":
@@ -535,9 +546,12 @@ class TieredKVCache:
     def _on_promoted(self, fut: Future, keys: List[bytes], slots: List[int], source: Tier) -> None:
         ok = self._outcome(fut, len(keys))
         good = next((i for i, v in enumerate(ok) if not v), len(keys))  # pages after a miss are no prefix
-        if good < len(keys):
-            self.stats_counters.record_failure(f"{source.label}_to_host", len(keys) - good)
         with self._lock:
+            # a miss on a page that meanwhile reached host another way (tier 3 may evict the pages a
+            # faster tier holds first) lost nothing; only the others are failed transfers
+            lost = sum(1 for k in keys[good:] if (hit := self.tree.node_of_key(k)) is None or hit[0].host is None)
+            if lost:
+                self.stats_counters.record_failure(f"{source.label}_to_host", lost)
             used: Set[int] = set()
             for node, i, n in self._nodes_of(keys):
                 if node.pending is fut:
@@ -550,6 +564,7 @@ class TieredKVCache:
                     used.update(range(i, i + keep))
                     if source == Tier.STORAGE:
                         self.tree.set_storage_pages(node, node.num_pages)
+                        self._hold(node.keys, True)
                 if keep < n and source == Tier.STORAGE:
                     # the store proved these pages absent or corrupt (it freed them): drop the claim
                     hit = self.tree.node_of_key(keys[i + keep])
@@ -686,6 +701,8 @@ class TieredKVCache:
             while run < n and ok[i + run]:
                 run += 1
             self.tree.set_storage_pages(n_, max(n_.storage_pages, run))
+            if run and (n_.device is not None or n_.host is not None):
+                self._hold(n_.keys[:run], True)
         if self.index is not None:
             self._publish(keys, ok, evicted)
 
@@ -719,6 +736,8 @@ class TieredKVCache:
 
     def _reclaim(self, tier: Tier, need_free: int) -> bool:
         pool = self.pools[tier]
+        if tier == Tier.HOST:
+            self._learn_storage_evictions()  # what leaves the host must know whether tier 3 still has it
         while pool.num_free < need_free:
             victim = self.tree.peek_victim(tier)
             if victim is None:
@@ -726,17 +745,37 @@ class TieredKVCache:
             self._evict_node(victim, tier)
         return True
 
+    def _learn_storage_evictions(self) -> None:
+        """Apply what tier 3 dropped since the last look (evictions made for other writers, pages it
+        found corrupt) before planning reads from it, so a plan rarely names a page already gone."""
+        take = getattr(self.store, "take_evicted", None)
+        gone = take() if take is not None else []
+        if gone:
+            for key, present in zip(gone, self.store.exists(gone)):  # type: ignore[union-attr]
+                if not present:
+                    self.tree.storage_evicted(key)
+
+    def _hold(self, keys: Sequence[bytes], held: bool) -> None:
+        if self.config.hold_hints and self.store is not None and keys:
+            self.store.hold(keys, held)
+
+    def _write_down(self, node: Node) -> bool:
+        """write_through with hold hints: tier 3 may have let go of a page while we held it; the
+        last upper-tier copy is not dropped without writing it back down."""
+        return (self.config.hold_hints and self.store is not None and not node.in_storage
+                and self.config.write_policy == WritePolicy.WRITE_THROUGH)
+
     def _evict_node(self, node: Node, tier: Tier) -> None:
         policy = self.config.write_policy
         if tier == Tier.DEVICE:
-            if node.host is None and (policy == WritePolicy.WRITE_BACK or self._is_hot(node)):
+            if node.host is None and (policy == WritePolicy.WRITE_BACK or self._is_hot(node) or self._write_down(node)):
                 slots = self._alloc(Tier.HOST, node.num_pages)
                 if slots is not None:  # inline spill: no clean victim was left
                     self.mover.copy_now(self.device_pool, node.device, self.host_pool, slots)
                     self.tree.set_slots(node, Tier.HOST, slots)
         elif tier == Tier.HOST:
             if (self.store is not None and not node.in_storage and node.writing is None
-                    and (policy == WritePolicy.WRITE_BACK or self._is_hot(node))):
+                    and (policy == WritePolicy.WRITE_BACK or self._is_hot(node) or self._write_down(node))):
                 keys = list(node.keys)
                 res = self.store.put(keys, [self.host_pool.page(s) for s in node.host], self._parents(node))
                 self.stats_counters.record_move("host_to_storage", sum(res.ok), sum(res.ok) * self.host_pool.page_bytes)
@@ -744,6 +783,8 @@ class TieredKVCache:
         freed = self.tree.clear_slots(node, tier)
         self.pools[tier].free(freed)
         self.stats_counters.record_eviction(tier, len(freed))
+        if node.device is None and node.host is None:
+            self._hold(node.keys, False)  # tier 3 has the only copy now (if it has one)
         self.tree.prune(node)
 
     def _clean_loop(self) -> None:

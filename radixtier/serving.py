@@ -3,13 +3,16 @@
 Clients send each session's requests in order (closed loop, `concurrency` clients at once);
 a single worker runs prefill FIFO, as a scheduler with batch size 1 would. The KV path decides
 what is reused: nothing (recompute), or a prefix served through a TieredKVCache. Prefetch
-starts when a request arrives, so tier-3 reads overlap the queueing and the other requests'
-compute: that overlap, and parallel reads, are where tiering wins its time back.
+starts for the next `prefetch_window` queued requests while the worker computes the current
+one, so tier-3 reads overlap queueing and other requests' compute: that overlap, and parallel
+reads, are where tiering wins its time back. The window is bounded because a prefetched
+prefix is pinned in the host and device tiers until its request runs: prefetching every
+queued request would pin more than the tiers hold and starve the request at the head.
 """
 
 from __future__ import annotations
 
-import queue
+import collections
 import statistics
 import threading
 import time
@@ -64,12 +67,18 @@ class RecomputePath:
 
 
 class TieredPath:
-    """Prefix reuse through a TieredKVCache; `prefetch_on_arrival=False` reads in the critical path."""
+    """Prefix reuse through a TieredKVCache; `prefetch_on_arrival=False` reads in the critical path.
+
+    `model_page_shape`: when cache pages carry more than the model reads (the benchmark's
+    emulated KV size), only the leading elements of that shape are gathered for the model.
+    """
 
     def __init__(self, cache: TieredKVCache, name: str = "radixtier", prefetch_on_arrival: bool = True,
-                 policy: str = PrefetchPolicy.WAIT_COMPLETE) -> None:
+                 policy: str = PrefetchPolicy.WAIT_COMPLETE,
+                 model_page_shape: Optional[Tuple[int, ...]] = None) -> None:
         self.cache, self.name = cache, name
         self.prefetch_on_arrival, self.policy = prefetch_on_arrival, policy
+        self.model_page_shape = tuple(model_page_shape) if model_page_shape else None
 
     def on_arrival(self, tokens: List[int]):
         return self.cache.prefetch(tokens) if self.prefetch_on_arrival else None
@@ -86,7 +95,14 @@ class TieredPath:
             if take:
                 hits[tier.label] = take
             left -= take
-        pages = self.cache.gather(r.device_slots[:usable]) if usable else None
+        pages = None
+        if usable and self.model_page_shape is None:
+            pages = self.cache.gather(r.device_slots[:usable])
+        elif usable:
+            head = 1
+            for d in self.model_page_shape:
+                head *= d
+            pages = self.cache.gather(r.device_slots[:usable], head).view((usable,) + self.model_page_shape)
         return Loaded(h, pages, hits)
 
     def save(self, loaded: Loaded, tokens: List[int], pages: torch.Tensor, first_page: int) -> None:
@@ -98,35 +114,58 @@ class TieredPath:
 
 
 def serve(model: ToyLlama, path, sessions: List[Session], concurrency: int,
-          on_done: Optional[Callable[[RequestResult], None]] = None) -> Tuple[List[RequestResult], float]:
+          on_done: Optional[Callable[[RequestResult], None]] = None,
+          prefetch_window: int = 2) -> Tuple[List[RequestResult], float]:
     """Run the workload; returns per-request results and the wall time."""
     if concurrency <= 0:
         raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
-    work: "queue.Queue" = queue.Queue()
+    if prefetch_window < 0:
+        raise ValueError(f"prefetch_window: expected a non-negative integer, got {prefetch_window!r}")
+    waiting: "collections.deque[_Queued]" = collections.deque()
+    cv = threading.Condition()
+    stop = [False]
     results: List[RequestResult] = []
     errors: List[BaseException] = []
     lock = threading.Lock()
     ps = model.page_size
 
+    def next_item() -> Optional["_Queued"]:  # only the worker thread pops and prefetches
+        with cv:
+            cv.wait_for(lambda: waiting or stop[0])
+            if not waiting:
+                return None
+            item = waiting.popleft()
+            ahead = [q for q in list(waiting)[:prefetch_window] if not q.started]
+            for q in ahead:
+                q.started = True
+        if not item.started:
+            item.started = True
+            item.ctx = path.on_arrival(item.req.tokens)
+        for q in ahead:  # head start for the next requests, overlapping this one's compute
+            q.ctx = path.on_arrival(q.req.tokens)
+        return item
+
     def worker() -> None:
         while True:
-            item = work.get()
+            item = next_item()
             if item is None:
                 return
-            req, ctx, arrival, box, done = item
+            req = item.req
             try:
-                loaded = path.load(ctx, req.tokens)
+                loaded = path.load(item.ctx, req.tokens)
                 reused = 0 if loaded.pages is None else loaded.pages.shape[0]
+                if reused and not model.worth_reusing(reused * ps, len(req.tokens)):
+                    loaded.pages, loaded.hits, reused = None, {}, 0  # recomputing is faster for this model
                 first, new = model.prefill(req.tokens, loaded.pages)
-                ttft = time.perf_counter() - arrival
+                ttft = time.perf_counter() - item.arrival
                 path.save(loaded, req.tokens, new, reused)
                 path.finish(loaded)
-                box.append(RequestResult(req.session, req.turn, len(req.tokens), reused * ps, ttft, first,
-                                         loaded.hits))
+                item.box.append(RequestResult(req.session, req.turn, len(req.tokens), reused * ps, ttft, first,
+                                              loaded.hits))
             except BaseException as exc:  # reported to the client thread
-                box.append(exc)
+                item.box.append(exc)
             finally:
-                done.set()
+                item.done.set()
 
     def client(my_sessions: List[Session]) -> None:
         # A client's users take turns (turn 0 of each session, then turn 1, ...), as chat users
@@ -134,13 +173,12 @@ def serve(model: ToyLlama, path, sessions: List[Session], concurrency: int,
         longest = max((len(x) for x in my_sessions), default=0)
         interleaved = [sess[t] for t in range(longest) for sess in my_sessions if t < len(sess)]
         for req in interleaved:
-            arrival = time.perf_counter()
-            ctx = path.on_arrival(req.tokens)
-            box: list = []
-            done = threading.Event()
-            work.put((req, ctx, arrival, box, done))
-            done.wait()
-            res = box[0]
+            item = _Queued(req, time.perf_counter())
+            with cv:
+                waiting.append(item)
+                cv.notify_all()
+            item.done.wait()
+            res = item.box[0]
             if isinstance(res, BaseException):
                 errors.append(res)
                 return
@@ -159,11 +197,24 @@ def serve(model: ToyLlama, path, sessions: List[Session], concurrency: int,
     for c in clients:
         c.join()
     wall = time.perf_counter() - t0
-    work.put(None)
+    with cv:
+        stop[0] = True
+        cv.notify_all()
     w.join()
     if errors:
         raise errors[0]
     return results, wall
+
+
+class _Queued:
+    """A request waiting for the model worker, with its prefetch handle once one is started."""
+
+    def __init__(self, req: Request, arrival: float) -> None:
+        self.req, self.arrival = req, arrival
+        self.ctx = None
+        self.started = False
+        self.box: list = []
+        self.done = threading.Event()
 
 
 def percentile(xs: List[float], p: float) -> float:

@@ -368,6 +368,15 @@ class NvmeofPageStore:
             for k in keys:
                 self._order.touch(bytes(k))
 
+    def hold(self, keys: Sequence[bytes], held: bool = True) -> None:
+        """A faster tier holds these pages (or no longer does): held pages are the first victims,
+        even ahead of their children, since their prefix stays reachable from that tier."""
+        with self._lock:
+            for k in keys:
+                k = bytes(k)
+                if k in self._index:
+                    self._order.hold(k, held)
+
     def take_evicted(self) -> List[bytes]:
         with self._lock:
             out, self._evicted = self._evicted, []

@@ -43,6 +43,7 @@ end
 return out
 """
 
+_BATCH_RETRIES = 20  # a batch that fails this often in a row (not a connection loss) is dropped
 Republisher = Callable[[], Iterable[Tuple[bytes, bytes, PageRecord]]]  # yields (root, key, record)
 
 
@@ -110,6 +111,7 @@ class RedisPrefixIndex:
         self._queue: Deque[Tuple[str, tuple]] = deque()
         self._queue_cv = threading.Condition(self._lock)
         self._inflight_ops = 0
+        self._batch_failures = 0
         self._up = True
         self._down_until = 0.0
         self._backoff = 0.0
@@ -371,6 +373,20 @@ class RedisPrefixIndex:
                     self._queue.extendleft(reversed(ops))
                     self._inflight_ops = 0
                 raise
+            except Exception:  # e.g. a cluster still electing ("cluster is down"): retry a few times
+                self._batch_failures += 1
+                with self._queue_cv:
+                    if self._batch_failures < _BATCH_RETRIES:
+                        self._queue.extendleft(reversed(ops))
+                    else:
+                        self._batch_failures = 0
+                        self.counters["dropped_ops"] += len(ops)
+                        log.error("radixtier: dropped %d index updates after %d failed attempts (re-publication "
+                                  "after the next reconnection restores them)", len(ops), _BATCH_RETRIES)
+                    self._inflight_ops = 0
+                    self._queue_cv.notify_all()
+                raise
+            self._batch_failures = 0
             with self._queue_cv:
                 self._inflight_ops = 0
                 self._queue_cv.notify_all()

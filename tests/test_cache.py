@@ -285,3 +285,34 @@ def test_cuda_stream_round_trip(ns4, store):
         got = c.gather(h.result.device_slots).cpu()
         assert torch.equal(got, kv_for(ns4, tokens))
     c.close()
+
+
+@pytest.mark.parametrize("hints", [True, False])
+def test_hold_hints_let_tier3_drop_what_memory_holds_and_write_it_back(ns4, ns_file, hints):
+    """Tier 3 under pressure gives up the pages device/host hold first; when memory lets go of
+    them they are written back down, so nothing is lost that was ever cached."""
+    store = NvmeofPageStore(ns_file, NUMEL * 4, create_bytes=600 << 10)  # 64 slots
+    cache = make_cache(ns4, store, device_pages=8, host_pages=8, hold_hints=hints)
+
+    def other_writer(first: int, n: int) -> None:  # another user of this partition's slots
+        keys = [bytes([7, i]) * 8 for i in range(first, first + n)]
+        store.put(keys, [page_content(k, NUMEL) for k in keys])
+
+    other_writer(0, store.capacity_pages - 5)
+    tokens = list(range(16))  # 4 pages, held in device and host, written through
+    cache.insert(tokens, kv_for(ns4, tokens))
+    assert cache.flush()
+    hot = PageHasher(ns4).chain(tokens)
+    other_writer(100, 3)  # two slots short: two pages must go
+    if hints:
+        assert store.exists(hot) == [False, False, True, True]  # held pages first: memory has them
+    else:
+        assert store.exists(hot) == [True] * 4  # leaves-first LRU took the two oldest other pages
+    assert cache.evict(Tier.DEVICE, 8) >= 4 and cache.evict(Tier.HOST, 8) >= 4
+    assert cache.flush()
+    assert store.exists(hot) == [True] * 4  # written back down on the way out of memory
+    with cache.acquire(tokens, "wait_complete") as h:
+        assert h.result.num_pages == 4 and h.result.hits_by_tier.get(Tier.STORAGE) == 16
+        check_prefix(cache, ns4, tokens, h.result)
+    cache.close()
+    store.close()

@@ -276,7 +276,8 @@ def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path
                              + ["--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         url = f"redis://127.0.0.1:{servers[0].port}/0"
-        assert wait_for(lambda: redis.Redis(port=servers[0].port).execute_command("CLUSTER INFO")["cluster_state"] == "ok")
+        assert wait_for(lambda: all(redis.Redis(port=s.port).execute_command("CLUSTER INFO")["cluster_state"] == "ok"
+                                    for s in servers))
         a = index(url, "node-a", cluster=True, lookup_timeout_s=1.0)
         b = index(url, "node-b", cluster=True, lookup_timeout_s=1.0)
         chains = [[k(c * 100 + i) for i in range(8)] for c in range(12)]
@@ -291,3 +292,24 @@ def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_failing_batch_is_retried_not_lost(redis_server):
+    """A server error that is not a lost connection (a cluster mid-election) must not drop updates."""
+    a = index(redis_server.url, "node-a")
+    b = index(redis_server.url, "node-b")
+    real, failures = a._apply, [3]
+
+    def flaky(ops):
+        if failures[0]:
+            failures[0] -= 1
+            raise redis.ResponseError("CLUSTERDOWN The cluster is down")
+        return real(ops)
+
+    a._apply = flaky
+    keys = [k(900 + i) for i in range(4)]
+    a.publish(keys[0], keys, [rec("node-a", i) for i in range(4)])
+    assert a.flush(10)
+    assert failures[0] == 0 and a.counters["dropped_ops"] == 0
+    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 4)
+    a.close(), b.close()
