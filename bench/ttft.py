@@ -104,7 +104,7 @@ class CapacityCase:
 
 
 def capacity_cases(quick: bool) -> List[CapacityCase]:
-    k = 1 if quick else 2
+    k = 1 if quick else 4  # full run: 4-8K-token prompts, long enough for a tier-3 hit to beat recompute here
     many = CapacityCase(Scenario("cap-8-types", 8, 1024 * k + 512 + 256, 16, 3),
                         "8 agent types: their prompts do not fit the upper tiers", 8, 1024 * k, 512, 128)
     few = CapacityCase(Scenario("cap-4-types", 8, 2048 * k + 512 + 256, 16, 3),
@@ -349,6 +349,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prefetch-window", type=int, default=1, help="queued requests prefetched ahead (radixtier)")
     ap.add_argument("--quick", action="store_true", help="shorter contexts and fewer requests")
     ap.add_argument("--no-capacity-run", action="store_true", help="skip the capacity-bounded eviction comparison")
+    ap.add_argument("--only-capacity-run", action="store_true", help="run only the capacity-bounded comparison")
     ap.add_argument("--workdir", default=None, help="where the namespaces go (default: the temp dir)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
@@ -358,7 +359,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.set_num_threads(a.threads)
     os.makedirs(a.out, exist_ok=True)
     b = Bench(a)
-    scs = scenarios(a.quick)
+    scs = [] if a.only_capacity_run else scenarios(a.quick)
     caps = capacity_cases(a.quick)
     loads = {sc.name: workload(sc) for sc in scs}
     total = sum(len(PATHS) * sum(len(s) for s in loads[sc.name]) for sc in scs)
