@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import List, Optional
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
-          "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+from radixtier.units import parse_size
 
 
 def parse_bytes(text: str) -> int:
-    """'4MiB', '256k', '1g', '4096' -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"expected a size like 4096, 256KiB, 4MiB or 10GiB, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """'4MiB', '256k', '1g', '4096' -> bytes (an argparse type)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cmd_format(a: argparse.Namespace) -> int:

@@ -12,6 +12,9 @@ import errno
 import logging
 import mmap
 import os
+import signal
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,16 +100,56 @@ class ThreadPoolIO:
         self._pool.shutdown(wait=True)
 
 
+_PROBE = """
+import liburing as L
+r = L.Ring()
+rc = L.io_uring_queue_init(4, r, 0)
+if rc not in (0, None):
+    raise SystemExit(f"io_uring_queue_init: errno {-rc}")
+L.io_uring_queue_exit(r)
+"""
+_probe_lock = threading.Lock()
+_probe_result: Optional[str] = None  # None: not probed yet; "": usable; else why not
+
+
+def uring_unusable_reason() -> Optional[str]:
+    """Why io_uring cannot be used in this process, or None when it can.
+
+    PyPI's liburing wheels are built for CPUs with AVX-512 and die with SIGILL elsewhere, a
+    signal Python cannot catch; so the package is tried once in a child process before this
+    process touches it, and a crash there becomes a logged fallback instead of a dead server.
+    """
+    global _probe_result
+    with _probe_lock:
+        if _probe_result is None:
+            try:
+                out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                _probe_result = f"the liburing probe could not run ({exc})"
+            else:
+                if out.returncode == 0:
+                    _probe_result = ""
+                elif out.returncode < 0:
+                    name = signal.Signals(-out.returncode).name
+                    _probe_result = (f"liburing crashed with {name} in a probe process (its wheel needs CPU "
+                                     f"features this machine lacks, e.g. AVX-512)")
+                else:
+                    tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                    _probe_result = f"liburing is not usable here: {tail}"
+        return _probe_result or None
+
+
 class UringIO:
     """io_uring readv/writev, one ring per calling thread, up to `queue_depth` in flight per ring."""
 
     name = "io_uring"
 
     def __init__(self, queue_depth: int = 16) -> None:
-        import liburing  # noqa: F401  (ImportError tells make_engine to fall back)
-
         if queue_depth <= 0:
             raise ValueError(f"queue_depth: expected a positive integer, got {queue_depth!r}")
+        reason = uring_unusable_reason()
+        if reason:
+            raise OSError(errno.ENOSYS, reason)  # tells make_engine to fall back
         self.queue_depth = queue_depth
         self._local = threading.local()
         self._rings: list = []

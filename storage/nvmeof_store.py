@@ -39,6 +39,7 @@ log = logging.getLogger("radixtier.storage.nvmeof")
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
 VERIFY_MODES = ("auto", "none", "headers", "full")
+_LOCK_GRACE_S = 5.0  # how long opening waits for a partition lock a dead process may still hold
 _OPEN_PARTITIONS: Dict[Tuple[int, int, int], str] = {}  # (st_dev, st_ino, partition) -> path, this process
 _OPEN_LOCK = threading.Lock()
 
@@ -267,11 +268,19 @@ class NvmeofPageStore:
         with _OPEN_LOCK:
             if key in _OPEN_PARTITIONS:
                 raise RuntimeError(f"partition {self.partition} of {self.path} is already open in this process")
-            try:  # open-file-description lock: another process holding this partition makes this fail
-                fcntl.fcntl(self._t.fd, fcntl.F_OFD_SETLK, _flock_struct(BLOCK + self.partition))
-            except OSError as exc:
-                raise RuntimeError(f"partition {self.partition} of {self.path} is open in another process "
-                                   f"({exc.strerror}); give each node its own partition") from None
+            # Open-file-description lock: another process holding this partition makes this fail. A
+            # predecessor killed with -9 can hold it a moment longer (the kernel tears down its
+            # io_uring asynchronously), so a restart waits briefly before calling it a conflict.
+            deadline = time.monotonic() + _LOCK_GRACE_S
+            while True:
+                try:
+                    fcntl.fcntl(self._t.fd, fcntl.F_OFD_SETLK, _flock_struct(BLOCK + self.partition))
+                    break
+                except OSError as exc:
+                    if time.monotonic() >= deadline:
+                        raise RuntimeError(f"partition {self.partition} of {self.path} is open in another "
+                                           f"process ({exc.strerror}); give each node its own partition") from None
+                    time.sleep(0.05)
             _OPEN_PARTITIONS[key] = self.path
             self._lock_key = key
 

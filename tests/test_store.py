@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from radixtier.cli import main as cli_main
+from radixtier.storage.io_engine import uring_unusable_reason
 from radixtier.storage.layout import BLOCK, HEADER_BYTES, FormatError
 from radixtier.storage.nvmeof_store import NvmeofPageStore, format_namespace
 from radixtier.storage.page_store import buffer_address
@@ -66,6 +67,8 @@ def open_store(path, **kw):
 
 @pytest.mark.parametrize("engine", ["threads", "io_uring"])
 def test_round_trip_direct_and_bounced(target, engine):
+    if engine == "io_uring" and uring_unusable_reason():
+        pytest.skip(f"io_uring engine unavailable: {uring_unusable_reason()}")
     s = open_store(target, io_engine=engine)
     n = 24
     pages = [content(i) for i in range(n)]

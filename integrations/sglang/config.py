@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST
 from radixtier.storage.io_engine import ENGINES
+from radixtier.units import parse_size
 
 # Keys SGLang itself reads from the same JSON object; accepted and left to SGLang.
 SGLANG_KEYS = frozenset({
@@ -23,9 +24,6 @@ SGLANG_KEYS = frozenset({
 VERIFY_MODES = ("auto", "none", "headers", "full")
 SSL_CERT_REQS = ("required", "optional", "none")
 
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
-          "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 
 class ConfigError(ValueError):
@@ -122,16 +120,16 @@ class BackendConfig:
                 raise ConfigError(f"{name}: expected a non-empty string without braces, got {v!r}")
 
 
-def parse_size(name: str, raw: Any) -> int:
+def _size(name: str, raw: Any) -> int:
     """4096, '256KiB', '4MiB', '2TB' -> bytes."""
-    if isinstance(raw, bool):
-        raise ConfigError(f"{name}: expected a size in bytes (e.g. 4096 or '10GiB'), got {raw!r}")
-    if isinstance(raw, int):
+    if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
-    m = _SIZE.fullmatch(str(raw)) if isinstance(raw, (str, float)) else None
-    if not m or m.group(2).lower() not in _UNITS:
+    if not isinstance(raw, (str, float)) or isinstance(raw, bool):
         raise ConfigError(f"{name}: expected a size in bytes (e.g. 4096 or '10GiB'), got {raw!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    try:
+        return parse_size(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a size in bytes (e.g. 4096 or '10GiB'), got {raw!r}") from None
 
 
 _SIZES = {"capacity", "page_bytes", "coalesce_bytes"}
@@ -140,7 +138,7 @@ _SIZES = {"capacity", "page_bytes", "coalesce_bytes"}
 def _coerce(name: str, raw: Any, default: Any) -> Any:
     """JSON value -> the field's type, refusing anything that would need a guess."""
     if name in _SIZES:
-        return parse_size(name, raw)
+        return _size(name, raw)
     if isinstance(default, bool):
         if isinstance(raw, bool):
             return raw
