@@ -4,7 +4,8 @@ the tier-3 store and the prefix index together.
 Policy lives here (what to spill, when to promote, which policy waits how long); the tree
 holds state, the mover moves bytes. One lock guards tree and pool state; transfers run
 outside it and apply their results under it when they finish, so a failed transfer never
-marks a page present and the serving thread never waits on I/O while holding the lock.
+marks a page present and the serving thread never waits on I/O while holding the lock
+(except the inline spill, when a tier must give up its last unwritten victim: see _spill_inline).
 """
 
 from __future__ import annotations
@@ -282,24 +283,38 @@ class TieredKVCache:
         total = first_page + kv_pages.shape[0]
         if total * ps > arr.size:
             raise ValueError(f"kv_pages: {total} pages need {total * ps} tokens, the request has {arr.size}")
-        added = 0
         with self._lock:
             m = self.tree.match(arr[:total * ps])
-            offset = 0
-            for node in m.nodes:  # refill structural nodes that lost every copy
-                if (not node.has_presence() and node.pending is None and offset >= first_page
-                        and node.loading is None):
-                    added += self._place_new(node, kv_pages[offset - first_page:offset - first_page + node.num_pages])
-                offset += node.num_pages
-            if m.num_pages < first_page:
-                return added  # the prefix this KV extends is not cached any more
-            node = self.tree.extend(m, arr, total)
-            if node is not None:
-                got = self._place_new(node, kv_pages[m.num_pages - first_page:])
-                if not got:
-                    self.tree.prune(node)
-                added += got
+            # Making room may evict a descendant of the matched path, and pruning that victim
+            # must not take the (still empty) nodes this insert is filling or extending.
+            anchor = m.nodes[-1] if m.nodes else None
+            if anchor is not None:
+                anchor.filling += 1
+            try:
+                added = self._insert_placing(m, arr, kv_pages, first_page, total)
+            finally:
+                if anchor is not None:
+                    anchor.filling -= 1
+                    self.tree.prune(anchor)
         self._cleaner_wake.set()
+        return added
+
+    def _insert_placing(self, m: TreeMatch, arr, kv_pages: torch.Tensor, first_page: int, total: int) -> int:
+        added = 0
+        offset = 0
+        for node in m.nodes:  # refill structural nodes that lost every copy
+            if (not node.has_presence() and node.pending is None and offset >= first_page
+                    and node.loading is None):
+                added += self._place_new(node, kv_pages[offset - first_page:offset - first_page + node.num_pages])
+            offset += node.num_pages
+        if m.num_pages < first_page:
+            return added  # the prefix this KV extends is not cached any more
+        node = self.tree.extend(m, arr, total)
+        if node is not None:
+            got = self._place_new(node, kv_pages[m.num_pages - first_page:])
+            if not got:
+                self.tree.prune(node)
+            added += got
         return added
 
     def gather(self, device_slots: Sequence[int], head_elements: Optional[int] = None) -> torch.Tensor:
@@ -417,6 +432,7 @@ class TieredKVCache:
     def _start_promotion(self, h: PrefixHandle, nodes: List[Node], source: Tier,
                          records: Optional[List[PageRecord]] = None) -> bool:
         node = nodes[0]
+        self._finish_plan(h)  # pin what is planned so far: making host room must not evict it
         slots = self._alloc(Tier.HOST, node.num_pages)
         if slots is None:
             return False
@@ -736,8 +752,7 @@ class TieredKVCache:
 
     def _reclaim(self, tier: Tier, need_free: int) -> bool:
         pool = self.pools[tier]
-        if tier == Tier.HOST:
-            self._learn_storage_evictions()  # what leaves the host must know whether tier 3 still has it
+        self._learn_storage_evictions()  # what leaves a tier must know whether tier 3 still has it
         while pool.num_free < need_free:
             victim = self.tree.peek_victim(tier)
             if victim is None:
@@ -771,21 +786,37 @@ class TieredKVCache:
             if node.host is None and (policy == WritePolicy.WRITE_BACK or self._is_hot(node) or self._write_down(node)):
                 slots = self._alloc(Tier.HOST, node.num_pages)
                 if slots is not None:  # inline spill: no clean victim was left
-                    self.mover.copy_now(self.device_pool, node.device, self.host_pool, slots)
-                    self.tree.set_slots(node, Tier.HOST, slots)
+                    try:
+                        self.mover.copy_now(self.device_pool, node.device, self.host_pool, slots)
+                    except Exception as exc:  # the page is dropped (a later miss), never half-copied
+                        log.warning("radixtier: inline device->host spill failed: %s", exc)
+                        self.stats_counters.record_failure("device_to_host", node.num_pages)
+                        self.host_pool.free(slots)
+                    else:
+                        self.tree.set_slots(node, Tier.HOST, slots)
         elif tier == Tier.HOST:
             if (self.store is not None and not node.in_storage and node.writing is None
                     and (policy == WritePolicy.WRITE_BACK or self._is_hot(node) or self._write_down(node))):
-                keys = list(node.keys)
-                res = self.store.put(keys, [self.host_pool.page(s) for s in node.host], self._parents(node))
-                self.stats_counters.record_move("host_to_storage", sum(res.ok), sum(res.ok) * self.host_pool.page_bytes)
-                self._apply_storage(keys, res.ok, res.evicted)
+                self._spill_inline(node)
         freed = self.tree.clear_slots(node, tier)
         self.pools[tier].free(freed)
         self.stats_counters.record_eviction(tier, len(freed))
         if node.device is None and node.host is None:
             self._hold(node.keys, False)  # tier 3 has the only copy now (if it has one)
         self.tree.prune(node)
+
+    def _spill_inline(self, node: Node) -> None:
+        """Write a host victim down synchronously. It blocks the caller under the lock, which is
+        why write_back's cleaner keeps the LRU end clean; it runs only when no clean victim is left."""
+        keys = list(node.keys)
+        try:
+            res = self.store.put(keys, [self.host_pool.page(s) for s in node.host], self._parents(node))  # type: ignore[union-attr]
+        except Exception as exc:  # the page leaves the cache (a later miss); serving goes on
+            log.warning("radixtier: inline host->storage spill failed: %s", exc)
+            self.stats_counters.record_failure("host_to_storage", len(keys))
+            return
+        self.stats_counters.record_move("host_to_storage", sum(res.ok), sum(res.ok) * self.host_pool.page_bytes)
+        self._apply_storage(keys, res.ok, res.evicted)
 
     def _clean_loop(self) -> None:
         """write_back: keep the LRU end of each tier clean, so evictions rarely wait on a copy."""

@@ -30,8 +30,12 @@ def contiguous_runs(src: Sequence[int], dst: Sequence[int]) -> List[Tuple[int, i
 
 
 def copy_pages(src: PagePool, src_slots: Sequence[int], dst: PagePool, dst_slots: Sequence[int],
-               stream: Optional["torch.cuda.Stream"] = None) -> None:
-    """Copy pages slot-to-slot; coalesces contiguous runs into single tensor copies."""
+               stream: Optional["torch.cuda.Stream"] = None, ready: Optional["torch.cuda.Event"] = None) -> None:
+    """Copy pages slot-to-slot; coalesces contiguous runs into single tensor copies.
+
+    `ready` is an event recorded on the submitting thread's stream: a worker's own current
+    stream is not the one the serving thread queued its KV writes on.
+    """
     if len(src_slots) != len(dst_slots):
         raise ValueError(f"copy_pages: {len(src_slots)} source slots but {len(dst_slots)} destination slots")
     runs = contiguous_runs(src_slots, dst_slots)
@@ -40,7 +44,10 @@ def copy_pages(src: PagePool, src_slots: Sequence[int], dst: PagePool, dst_slots
             dst.buffer[d:d + n].copy_(src.buffer[s:s + n])
         return
     # The copy must see every kernel the serving stream queued that wrote the source pages.
-    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    if ready is not None:
+        stream.wait_event(ready)
+    else:
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(stream):
         for s, d, n in runs:
             dst.buffer[d:d + n].copy_(src.buffer[s:s + n], non_blocking=True)
@@ -68,12 +75,14 @@ class TransferEngine:
 
     # -- public ops --------------------------------------------------------------------
     def device_to_host(self, dev_slots: Sequence[int], host_slots: Sequence[int]) -> Future:
+        ready = self._caller_ready()
         return self._submit(self._copy, "device_to_host", len(dev_slots), self.device_pool.page_bytes,
-                            lambda: self._copy_pages(self.device_pool, dev_slots, self.host_pool, host_slots))
+                            lambda: self._copy_pages(self.device_pool, dev_slots, self.host_pool, host_slots, ready))
 
     def host_to_device(self, host_slots: Sequence[int], dev_slots: Sequence[int]) -> Future:
+        ready = self._caller_ready()
         return self._submit(self._copy, "host_to_device", len(host_slots), self.device_pool.page_bytes,
-                            lambda: self._copy_pages(self.host_pool, host_slots, self.device_pool, dev_slots))
+                            lambda: self._copy_pages(self.host_pool, host_slots, self.device_pool, dev_slots, ready))
 
     def host_to_storage(self, host_slots: Sequence[int], keys: Sequence[bytes],
                         parents: Sequence[Optional[bytes]]) -> Future:
@@ -126,8 +135,17 @@ class TransferEngine:
             self._streams[tid] = s
         return s
 
-    def _copy_pages(self, src: PagePool, src_slots, dst: PagePool, dst_slots) -> None:
-        copy_pages(src, src_slots, dst, dst_slots, self._stream())
+    def _caller_ready(self) -> Optional["torch.cuda.Event"]:
+        """An event on the calling (serving) thread's stream, for a worker's copy to wait on."""
+        if not self._use_cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device_pool.device))
+        return ev
+
+    def _copy_pages(self, src: PagePool, src_slots, dst: PagePool, dst_slots,
+                    ready: Optional["torch.cuda.Event"] = None) -> None:
+        copy_pages(src, src_slots, dst, dst_slots, self._stream(), ready)
 
     def _submit(self, pool: ThreadPoolExecutor, direction: str, pages: Optional[int], page_bytes: int,
                 fn: Callable[[], object]) -> Future:

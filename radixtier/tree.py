@@ -26,7 +26,7 @@ MEMORY_TIERS = (Tier.DEVICE, Tier.HOST)
 
 class Node:
     __slots__ = ("id", "parent", "children", "tokens", "keys", "device", "host", "storage_pages",
-                 "lock_ref", "hits", "pending", "loading", "backing", "writing")
+                 "lock_ref", "hits", "pending", "loading", "backing", "writing", "filling")
 
     def __init__(self, node_id: int, parent: Optional["Node"], tokens: np.ndarray, keys: List[bytes]) -> None:
         self.id = node_id
@@ -44,6 +44,8 @@ class Node:
         self.loading = None  # host -> device load
         self.backing = None  # device -> host backup
         self.writing = None  # host -> storage write
+        # Inserts placing KV under this node: it may lose slots meanwhile, but is never pruned.
+        self.filling = 0
 
     @property
     def num_pages(self) -> int:
@@ -365,7 +367,7 @@ class RadixTree:
     def prune(self, node: Node) -> int:
         """Remove node and then its ancestors while each is an empty, unlocked leaf."""
         removed = 0
-        while (node is not self.root and not node.children and node.lock_ref == 0
+        while (node is not self.root and not node.children and node.lock_ref == 0 and node.filling == 0
                and not node.has_presence() and node.pending is None and node.loading is None):
             parent = node.parent
             key = self._child_key(node.tokens, 0)

@@ -32,7 +32,8 @@ if [ "$want_test" = 1 ]; then
   if [ -n "$missing" ]; then
     if command -v apt-get >/dev/null 2>&1; then
       SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-      $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q $missing >/dev/null
+      { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q $missing >/dev/null; } \
+        || { echo "setup: could not install$missing with apt-get (the Redis and bandwidth tests need them)" >&2; exit 1; }
     else
       echo "setup: please install:$missing" >&2
     fi

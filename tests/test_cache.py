@@ -316,3 +316,43 @@ def test_hold_hints_let_tier3_drop_what_memory_holds_and_write_it_back(ns4, ns_f
         check_prefix(cache, ns4, tokens, h.result)
     cache.close()
     store.close()
+
+
+def test_refill_under_pressure_never_loses_the_node_it_fills(ns4):
+    """Making room for a refilled prefix may evict its own child; the prefix must stay in the
+    tree (regression: it was pruned, then given slots, and the next eviction raised KeyError)."""
+    cache = make_cache(ns4, device_pages=1, host_pages=1, write_policy="write_through_selective")
+    tokens = list(range(8))  # 2 pages of 4 tokens
+    assert cache.insert(tokens[:4], kv_for(ns4, tokens[:4])) == 1
+    cache.insert(tokens, kv_for(ns4, tokens, first_page=1), first_page=1)
+    for _ in range(3):
+        cache.insert(tokens, kv_for(ns4, tokens))
+        cache.evict(Tier.DEVICE, 1)
+        cache.evict(Tier.HOST, 1)
+    for node in cache.tree.nodes():
+        assert cache.tree.node_of_key(node.keys[0])[0] is node  # every node is reachable from the root
+    for tier, pool in ((Tier.DEVICE, cache.device_pool), (Tier.HOST, cache.host_pool)):
+        assert pool.num_free + cache.tree.pages_in(tier) == pool.num_pages  # no slot leaked or lost
+    cache.close()
+
+
+def test_prefetch_never_evicts_the_prefix_it_just_planned(ns4, store):
+    """Host room for a storage promotion must not come from the host pages planned before it."""
+    c = make_cache(ns4, store, device_pages=1, host_pages=1, promote_chunk_pages=1)
+    tokens = list(range(12))  # 3 pages, each written through to tier 3
+    for p in range(3):
+        c.insert(tokens[:4 * (p + 1)], kv_for(ns4, tokens[:4 * (p + 1)], first_page=p), first_page=p)
+        c.flush()
+    c.evict(Tier.DEVICE, 1)
+    c.evict(Tier.HOST, 1)
+    assert c.match(tokens).storage_tokens == 12
+    with c.acquire(tokens[:4], policy="wait_complete") as h:  # page 0 back in memory
+        assert h.result.num_pages == 1
+    c.evict(Tier.DEVICE, 1)
+    c.flush()
+    m = c.match(tokens)
+    assert (m.device_tokens, m.host_tokens, m.storage_tokens) == (0, 4, 8)
+    with c.acquire(tokens, policy="wait_complete") as h:
+        assert h.result.num_pages >= 1  # page 0 was planned from host: still there to load
+        check_prefix(c, ns4, tokens, h.result)
+    c.close()
