@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 from tqdm import tqdm
@@ -22,20 +22,23 @@ from radixtier.serving import RecomputePath, RequestResult, TieredPath, serve, s
 from radixtier.storage.nvmeof_store import NvmeofPageStore
 from radixtier.storage.prefix_index import InProcessIndex
 from radixtier.toymodel import SIZES, ModelSpec, ToyLlama
-from radixtier.workloads import agent_fleet, multi_turn_chat
+from radixtier.workloads import agent_types, multi_turn_chat
 
 
 def add_demo_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="small", choices=sorted(SIZES), help="toy Llama size (random weights)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4, help="clients sending requests at once")
-    ap.add_argument("--sessions", type=int, default=8, help="chat sessions")
+    ap.add_argument("--sessions", type=int, default=16, help="chat sessions")
     ap.add_argument("--turns", type=int, default=4, help="turns per chat session")
-    ap.add_argument("--agents", type=int, default=8, help="agents sharing one system prompt")
+    ap.add_argument("--agents", type=int, default=12, help="agents; each pair shares one system prompt")
     ap.add_argument("--system-tokens", type=int, default=2048, help="length of the shared system prompts")
-    ap.add_argument("--device-pages", type=int, default=192, help="tier-1 (HBM) pages; small, so KV spills")
-    ap.add_argument("--host-pages", type=int, default=192, help="tier-2 (DRAM) pages")
+    ap.add_argument("--device-pages", type=int, default=None,
+                    help="tier-1 (HBM) pages (default: a quarter of the working set, so KV spills)")
+    ap.add_argument("--host-pages", type=int, default=None,
+                    help="tier-2 (DRAM) pages (default: a quarter of the working set, so tier 3 serves the rest)")
     ap.add_argument("--namespace", default=None, help="tier-3 namespace file or device (default: a temp file)")
+    ap.add_argument("--force", action="store_true", help="let the demo clear a --namespace that holds pages")
     ap.add_argument("--storage-bytes", type=int, default=512 << 20, help="size of a new namespace file")
     ap.add_argument("--quick", action="store_true", help="a smaller workload (about a minute)")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -43,12 +46,30 @@ def add_demo_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def _workloads(a: argparse.Namespace) -> Dict[str, list]:
+    """More sessions and agent types than the memory tiers hold, so part of the KV comes back from tier 3."""
     sys_tokens = a.system_tokens // (2 if a.quick else 1)
-    sessions, turns, agents = (4, 3, 4) if a.quick else (a.sessions, a.turns, a.agents)
+    sessions, turns, agents = (12, 3, 10) if a.quick else (a.sessions, a.turns, a.agents)
+    types = max(1, agents // 2)  # two agents share each system prompt
     return {
         "multi-turn chat": multi_turn_chat(sessions, turns, sys_tokens // 2, 96, 64, seed=11),
-        "agent fleet": agent_fleet(agents, 2, sys_tokens, 192, 96, seed=12),
+        "agent fleet": agent_types(types, max(1, agents // types), 2, sys_tokens, 192, 96, seed=12),
     }
+
+
+def tier_sizes(sessions: list, page_size: int) -> Tuple[int, int, int]:
+    """(device, host, working set) pages for one workload: each memory tier holds two of the
+    longest requests (the running one and the one prefetched behind it) with room to spare, or
+    a quarter of the working set, whichever is more; the rest lives only in tier 3."""
+    pages = set()
+    longest = 0
+    for session in sessions:
+        for req in session:
+            n = len(req.tokens) // page_size
+            longest = max(longest, n)
+            pages.update(tuple(req.tokens[:(i + 1) * page_size]) for i in range(n))
+    working = len(pages)
+    per_tier = max(2 * longest + 16, working // 4)
+    return per_tier, per_tier, working
 
 
 def _fmt_tiers(hits: Dict[str, int]) -> str:
@@ -68,20 +89,31 @@ def run_demo(a: argparse.Namespace) -> int:
     page_bytes = model.kv_bytes_per_token * a.page_size
     tmp = None
     path = a.namespace
+    if path is not None and os.path.exists(path) and not a.force:
+        probe = NvmeofPageStore(path, page_bytes, node_id="demo")
+        held = len(probe)
+        probe.close()
+        if held:
+            print(f"radixtier demo: --namespace {path} holds {held} pages; the demo clears it before each run. "
+                  f"Pass --force to allow that, or leave --namespace out to use a temporary file.", file=sys.stderr)
+            return 2
     if path is None:
         tmp = tempfile.TemporaryDirectory(prefix="radixtier-demo-")
         path = os.path.join(tmp.name, "namespace.img")
+    workloads = _workloads(a)
     print(f"radixtier demo: toy Llama '{a.model}' on {model.device} ({model.kv_bytes_per_token} KV bytes/token), "
           f"page {a.page_size} tokens = {page_bytes} bytes")
-    print(f"tiers: device {a.device_pages} pages, host {a.host_pages} pages, storage {path} "
-          f"(embedded: file namespace + in-process index)")
+    print(f"tier 3: {path} (embedded: file namespace + in-process index)")
     report: Dict[str, object] = {"model": a.model, "page_bytes": page_bytes, "workloads": {}}
     rows = []
-    workloads = _workloads(a)
     total = 2 * sum(len(s) for w in workloads.values() for s in w)
     bar = tqdm(total=total, desc="serving", unit="req", file=sys.stderr)
     try:
         for wname, sessions in workloads.items():
+            auto, _, working = tier_sizes(sessions, a.page_size)
+            device_pages, host_pages = a.device_pages or auto, a.host_pages or auto
+            tqdm.write(f"{wname}: working set {working} pages; device {device_pages}, host {host_pages} pages",
+                       file=sys.stderr)
             per_path: Dict[str, Dict[str, object]] = {}
             firsts: Dict[str, Dict[tuple, int]] = {}
             for pname in ("recompute", "radixtier"):
@@ -93,12 +125,13 @@ def run_demo(a: argparse.Namespace) -> int:
                     store = NvmeofPageStore(path, page_bytes, create_bytes=a.storage_bytes, node_id="demo")
                     store.clear()
                     cfg = CacheConfig(page_size=a.page_size, page_shape=model.page_shape, dtype=model.dtype,
-                                      device_pages=a.device_pages, host_pages=a.host_pages,
+                                      device_pages=device_pages, host_pages=host_pages,
                                       device=str(model.device), write_policy="write_through",
                                       prefetch_policy="wait_complete")
                     cache = TieredKVCache(cfg, ns, store=store, index=InProcessIndex("demo"))
                     path_impl = TieredPath(cache)
-                results, wall = serve(model, path_impl, sessions, a.concurrency, on_done=lambda r: bar.update(1))
+                results, wall = serve(model, path_impl, sessions, a.concurrency, on_done=lambda r: bar.update(1),
+                                      prefetch_window=1)
                 s = summarize(results, wall)
                 if cache is not None:
                     s["cache"] = cache.stats()
@@ -112,7 +145,9 @@ def run_demo(a: argparse.Namespace) -> int:
                      "ttft_p99_speedup": rec["ttft_p99_s"] / rt["ttft_p99_s"],
                      "throughput_gain": rt["throughput_rps"] / rec["throughput_rps"],
                      "first_tokens_identical": f"{same}/{len(firsts['recompute'])}"}
-            report["workloads"][wname] = {"paths": per_path, "radixtier_vs_recompute": speed}
+            report["workloads"][wname] = {"paths": per_path, "radixtier_vs_recompute": speed,
+                                          "tiers": {"device_pages": device_pages, "host_pages": host_pages,
+                                                    "working_set_pages": working}}
             for pname, s in per_path.items():
                 rows.append((wname, pname, s))
     finally:

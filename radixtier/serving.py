@@ -84,9 +84,15 @@ class TieredPath:
         return self.cache.prefetch(tokens) if self.prefetch_on_arrival else None
 
     def load(self, ctx, tokens: List[int]) -> Loaded:
-        h = ctx if ctx is not None else self.cache.prefetch(tokens)
-        r = h.load(self.policy)
         ps = self.cache.config.page_size
+        h = ctx if ctx is not None else self.cache.prefetch(tokens)
+        if ctx is not None and self.cache.match(tokens).prefix_tokens > h.planned_pages * ps:
+            # Requests that ran while this one waited cached more of its prefix (a shared system
+            # prompt, say): plan again at schedule time, as SGLang's scheduler matches then.
+            fresh = self.cache.prefetch(tokens)  # joins the old plan's in-flight promotions
+            h.release()
+            h = fresh
+        r = h.load(self.policy)
         usable = min(r.num_pages, (len(tokens) - 1) // ps)  # at least one token must still run
         hits: Dict[str, int] = {}
         left = usable * ps

@@ -88,7 +88,38 @@ def test_demo_runs_and_reports(tmp_path):
     for w in report["workloads"].values():
         same, total = w["radixtier_vs_recompute"]["first_tokens_identical"].split("/")
         assert same == total
-        assert w["paths"]["radixtier"]["hit_rate"] > 0
+        assert w["paths"]["radixtier"]["hit_rate"] > 0.3
+        assert w["paths"]["radixtier"]["hit_tokens_by_tier"].get("storage", 0) > 0  # tier 3 served part of it
+        assert w["tiers"]["device_pages"] + w["tiers"]["host_pages"] < w["tiers"]["working_set_pages"]
+
+
+def test_demo_refuses_to_clear_a_namespace_that_holds_pages(tmp_path):
+    path = str(tmp_path / "ns.img")
+    model = ToyLlama(ModelSpec("tiny", page_size=16))
+    s = NvmeofPageStore(path, model.kv_bytes_per_token * 16, create_bytes=32 << 20)
+    s.put([bytes(16)], [torch.zeros(model.kv_bytes_per_token * 4, dtype=torch.int32)])
+    s.close()
+    r = subprocess.run([sys.executable, "-m", "radixtier", "demo", "--quick", "--model", "tiny", "--namespace", path],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--force" in r.stderr
+    s = NvmeofPageStore(path, model.kv_bytes_per_token * 16)
+    assert len(s) == 1  # untouched
+    s.close()
+
+
+def test_a_queued_request_reuses_what_ran_while_it_waited(model, tmp_path):
+    """Prefetched on arrival before the request ahead of it cached their shared system prompt,
+    it is planned again at schedule time and reuses that prompt."""
+    agents = agent_types(1, 2, 1, 64, 16, 8, seed=9)  # two agents, one system prompt of 4 pages
+    cache = tiered(model, str(tmp_path / "ns.img"), 24, 24)
+    try:
+        got, _ = serve(model, TieredPath(cache), agents, concurrency=2, prefetch_window=1)
+    finally:
+        cache.close()
+        cache.store.close()
+    by = {r.session: r for r in got}
+    assert by["agent-0-0"].reused_tokens == 0
+    assert by["agent-0-1"].reused_tokens == 64
 
 
 def test_naive_baseline_store_round_trip_and_capacity(tmp_path):
