@@ -94,9 +94,13 @@ def open_index(cfg: BackendConfig, store: NvmeofPageStore, node_id: str) -> Pref
         raise ConfigError(str(exc)) from None
 
 
-def index_node_id(node_id: str, rank_index: int, ranks: int) -> str:
-    """One index identity per writing process, so a rank's liveness and records are its own."""
-    return node_id if ranks == 1 else f"{node_id}.r{rank_index}"
+def index_node_id(node_id: str, rank_index: int, sole_rank: bool) -> str:
+    """One index identity per process, so a rank's liveness and records are its own.
+
+    rank_index counts DP ranks too: attention-DP ranks of one node must not share an identity,
+    or they overwrite each other's records and one rank's close() makes the others look dead.
+    """
+    return node_id if sole_rank else f"{node_id}.r{rank_index}"
 
 
 def flush_index(index: Optional[PrefixIndex], timeout: float = 10.0) -> bool:

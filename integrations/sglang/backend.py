@@ -6,8 +6,11 @@ rank (keys.py), read and write the host pool's own memory (zero copy through
 store evicts leaves first along SGLang's hash chains. Pages other nodes wrote into the same
 namespace are found through the prefix index and read by verified slot location.
 
-Nothing here raises into SGLang's transfer threads: a failure is a miss (logged), and a page
-is reported present only after its slot header and checksum proved it.
+Nothing here raises into SGLang's transfer threads: a failure is a miss (logged). A read
+reports a page loaded only after its slot header and checksum proved it. `batch_exists`
+trusts the index for other nodes' pages without reading them (a lookup must stay one round
+trip), so a stale record can be counted there; the read that follows then misses, and SGLang
+recomputes that page, never uses wrong bytes.
 """
 
 from __future__ import annotations
@@ -81,12 +84,14 @@ class RadixTierStorage(HiCacheStorage):
         self._hints: "OrderedDict[bytes, PageRecord]" = OrderedDict()
         self._hints_lock = threading.Lock()
         self._stats = _Transfers()
-        ranks = self.rank.tp_size * self.rank.pp_size * self.rank.cp_size
-        self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), ranks)
-        log.info("radixtier: HiCache backend for %s rank %d (tp %d/%d, pp %d/%d%s) on %s, index %s",
+        self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
+        self._warned_no_prefix = False
+        log.info("radixtier: HiCache backend for %s rank %d (tp %d/%d, pp %d/%d, dp %d%s) on %s, index %s as %s",
                  self.rank.model or "model", self.rank.rank_index(), self.rank.tp_rank, self.rank.tp_size,
-                 self.rank.pp_rank, self.rank.pp_size, ", MLA" if self.rank.is_mla else "", self.config.path,
-                 self.config.redis_url or "in-process")
+                 self.rank.pp_rank, self.rank.pp_size, self.rank.dp_rank, ", MLA" if self.rank.is_mla else "",
+                 self.config.path, self.config.redis_url or "in-process", self.node_id)
+        if self.config.redis_url and self.kv_interface == FLAT:
+            self._warn_no_prefix("interface_v1 is off: SGLang's legacy batch_set sends no prefix keys")
 
     # ---------------------------------------------------------------- host pools
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -150,12 +155,12 @@ class RadixTierStorage(HiCacheStorage):
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         return self._guard("batch_get_v1", len(keys), lambda: self._get_pool_pages(
-            KV_POOL, self.mem_pool_host, keys, host_indices, _prefix(extra_info), V1))
+            KV_POOL, self.mem_pool_host, keys, host_indices, self._prefix_keys(extra_info), V1))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         return self._guard("batch_set_v1", len(keys), lambda: self._set_pool_pages(
-            KV_POOL, self.mem_pool_host, keys, host_indices, _prefix(extra_info), V1))
+            KV_POOL, self.mem_pool_host, keys, host_indices, self._prefix_keys(extra_info), V1))
 
     # ---------------------------------------------------------------- legacy: flat pages
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
@@ -190,6 +195,8 @@ class RadixTierStorage(HiCacheStorage):
             return False
 
         def run():
+            if not self.rank.writes(KV_POOL):
+                return self._skip_not_writer(len(keys))
             chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
             chain.parents = [None] * len(keys)  # a legacy batch is not promised to be one chain
             return self._write(KV_POOL, chain, [_host_tensor(v) for v in values])
@@ -219,13 +226,14 @@ class RadixTierStorage(HiCacheStorage):
                 if not restorable:
                     break
                 name = str(t.name)
-                fmt = self._format(name)
-                chain = self.keys.chain(keys[:kv_pages], _prefix(extra_info), fmt, self._interface_of(name))
-                have = self.store.exists(chain.keys)
+                chain = self.keys.chain(keys[:kv_pages], _prefix(extra_info), self._format(name),
+                                        self._interface_of(name))
                 if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                    have = self._sidecar_have(chain, from_end=False)
                     boundary = leading_true(have)
                     ok_lengths = set(range(1, boundary + 1))
                 elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                    have = self._sidecar_have(chain, from_end=True)
                     window = max(1, len(t.keys) if t.keys else 1)
                     ok_lengths = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - window):n])}
                     boundary = max(ok_lengths, default=0)
@@ -241,20 +249,29 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_get_v2(self, transfers: List[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
-        return {str(t.name): self._guard(f"batch_get_v2[{t.name}]", len(t.keys or []), lambda t=t: self._get_pool_pages(
-            str(t.name), self._pool(str(t.name)), t.keys or [], t.host_indices, _chain_prefix(t, extra_info),
-            self._interface_of(str(t.name)))) for t in transfers}
+        return self._each_pool("batch_get_v2", transfers, extra_info, self._get_pool_pages)
 
     def batch_set_v2(self, transfers: List[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
-        return {str(t.name): self._guard(f"batch_set_v2[{t.name}]", len(t.keys or []), lambda t=t: self._set_pool_pages(
-            str(t.name), self._pool(str(t.name)), t.keys or [], t.host_indices, _chain_prefix(t, extra_info),
-            self._interface_of(str(t.name)))) for t in transfers}
+        return self._each_pool("batch_set_v2", transfers, extra_info, self._set_pool_pages)
+
+    def _each_pool(self, op: str, transfers: List[PoolTransfer], extra_info, fn) -> Dict[str, List[bool]]:
+        """One guarded call per pool: a pool holding every page of the prefix continues the KV
+        chain; a trailing window starts its own (its prefix pages are not in that pool)."""
+        prefix = self._prefix_keys(extra_info)
+        out: Dict[str, List[bool]] = {}
+        for t in transfers:
+            name, keys = str(t.name), t.keys or []
+            continues = t.hit_policy == PoolHitPolicy.ALL_PAGES
+            out[name] = self._guard(f"{op}[{name}]", len(keys), lambda name=name, keys=keys, t=t, c=continues: fn(
+                name, self._pool(name), keys, t.host_indices, prefix, self._interface_of(name), c))
+        return out
 
     def _interface_of(self, pool_name: str) -> str:
+        """KV: what SGLang calls (interface_v1); sidecars: zero copy where registration's probe worked."""
         if pool_name == KV_POOL:
             return self.kv_interface
-        return V1 if hasattr(self._pool(pool_name), "get_page_buffer_meta") else FLAT
+        return V1 if self._format(pool_name).zero_copy else FLAT
 
     # ---------------------------------------------------------------- the work
     def _page_buffers(self, pool, host_indices: torch.Tensor, pages: int, interface: str, for_read: bool):
@@ -271,13 +288,14 @@ class RadixTierStorage(HiCacheStorage):
             return bufs, starts
         return [_host_tensor(pool.get_data_page(s, flat=True)) for s in starts], None
 
-    def _get_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str) -> List[bool]:
+    def _get_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str,
+                        continues: bool = True) -> List[bool]:
         if not keys:
             return []
         if pool is None:
             raise RuntimeError("no host pool registered")
         bufs, starts = self._page_buffers(pool, host_indices, len(keys), interface, for_read=True)
-        chain = self.keys.chain(keys, prefix, self._format(name), interface)
+        chain = self.keys.chain(keys, prefix, self._format(name), interface, continues)
         ok = self._read(chain, bufs)
         if starts is not None:
             for good, buf, s in zip(ok, bufs, starts):
@@ -285,17 +303,38 @@ class RadixTierStorage(HiCacheStorage):
                     pool.set_from_flat_data_page(s, buf)
         return ok
 
-    def _set_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str) -> List[bool]:
+    def _set_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str,
+                        continues: bool = True) -> List[bool]:
         if not keys:
             return []
         if pool is None:
             raise RuntimeError("no host pool registered")
         if not self.rank.writes(name):
-            self._stats.add(pages_skipped_not_writer=len(keys))
-            return [True] * len(keys)  # the storage writer rank stores this replicated page
+            return self._skip_not_writer(len(keys))
         bufs, _ = self._page_buffers(pool, host_indices, len(keys), interface, for_read=False)
-        chain = self.keys.chain(keys, prefix, self._format(name), interface)
+        chain = self.keys.chain(keys, prefix, self._format(name), interface, continues)
         return self._write(name, chain, bufs)
+
+    def _skip_not_writer(self, n: int) -> List[bool]:
+        """Acknowledge a replicated page on an MLA non-writer rank: the storage writer stores it."""
+        self._stats.add(pages_skipped_not_writer=n)
+        return [True] * n
+
+    def _prefix_keys(self, extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:
+        """extra_info.prefix_keys for a read or write (not batch_exists: SGLang's hybrid controller
+        sends None there for a sequence's first batch even when prefix keys are on)."""
+        prefix = _prefix(extra_info)
+        if prefix is None and self.config.redis_url:
+            self._warn_no_prefix("SGLang sent no prefix_keys")
+        return prefix
+
+    def _warn_no_prefix(self, why: str) -> None:
+        if self._warned_no_prefix:
+            return
+        self._warned_no_prefix = True
+        log.warning("radixtier: %s, so each batch after a sequence's first is indexed under its own root "
+                    "and other nodes' lookups miss it; for cross-node sharing set \"interface_v1\": 1 and "
+                    "\"hicache_storage_pass_prefix_keys\": true in --hicache-storage-backend-extra-config", why)
 
     def _leading_run(self, chain: Chain) -> int:
         store = self.store
@@ -306,10 +345,14 @@ class RadixTierStorage(HiCacheStorage):
 
     def _remote_run(self, chain: Chain, start: int) -> List[PageRecord]:
         """Leading pages from `start` that other live nodes hold in our namespace (remembered for the read)."""
-        if self._index is None or start >= len(chain.keys):
+        return self._remote_records(chain.root, chain.keys[start:])
+
+    def _remote_records(self, root: bytes, keys: Sequence[bytes]) -> List[PageRecord]:
+        """Records for the leading run of `keys` that other live nodes hold in our namespace."""
+        if self._index is None or not keys:
             return []
         try:
-            runs = self._index.lookup(chain.root, chain.keys[start:])
+            runs = self._index.lookup(root, keys)
         except Exception as exc:  # the index is advisory: serve from local pages
             log.warning("radixtier: prefix index lookup failed, local pages only: %s", exc)
             return []
@@ -321,12 +364,25 @@ class RadixTierStorage(HiCacheStorage):
                 break
             out.append(rec)
         with self._hints_lock:
-            for key, rec in zip(chain.keys[start:], out):
+            for key, rec in zip(keys, out):
                 self._hints[key] = rec
                 self._hints.move_to_end(key)
             while len(self._hints) > _HINTS:
                 self._hints.popitem(last=False)
         return out
+
+    def _sidecar_have(self, chain: Chain, from_end: bool) -> List[bool]:
+        """Per page: held here or, through the index, by another rank/node (replicated sidecars are
+        written by the MLA writer only). One lookup of the locally missing pages, in chain order
+        (exact leading run) or from the end (exact for the longest trailing windows); pages past
+        the first one nobody holds stay False, which can only under-report."""
+        have = self.store.exists(chain.keys)
+        missing = [i for i, h in enumerate(have) if not h]
+        if from_end:
+            missing.reverse()
+        for i, _rec in zip(missing, self._remote_records(chain.root, [chain.keys[i] for i in missing])):
+            have[i] = True
+        return have
 
     def _read(self, chain: Chain, bufs: List[Any]) -> List[bool]:
         store = self.store
@@ -456,28 +512,27 @@ class RadixTierStorage(HiCacheStorage):
 
 
 def _pool_format(name: str, pool) -> PoolFormat:
-    """Page size in bytes as the zero-copy walk sees it (the flat page holds the same bytes)."""
+    """Page size in bytes as the zero-copy walk sees it (the flat page holds the same bytes), and
+    whether the walk works at all: mamba/DSA pools raise outside page_first layouts, so probe once."""
     page_size = int(getattr(pool, "page_size", 1) or 1)
     nbytes = 0
     if hasattr(pool, "get_page_buffer_meta"):
         try:
             _ptrs, sizes = pool.get_page_buffer_meta(torch.arange(page_size))
             nbytes = int(sum(sizes))
-        except Exception:  # some pools support the walk in some layouts only
+        except Exception as exc:  # some pools support the walk in some layouts only
+            log.info("radixtier: pool %s: no zero-copy page walk in this layout (%s); using flat pages", name, exc)
             nbytes = 0
+    zero_copy = nbytes > 0
     if not nbytes:
         page = pool.get_dummy_flat_data_page()
         nbytes = page.numel() * page.element_size()
-    return PoolFormat(name, str(getattr(pool, "layout", "unknown")), str(getattr(pool, "dtype", "unknown")), nbytes)
+    return PoolFormat(name, str(getattr(pool, "layout", "unknown")), str(getattr(pool, "dtype", "unknown")), nbytes,
+                      zero_copy)
 
 
 def _prefix(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:
     return None if extra_info is None else extra_info.prefix_keys
-
-
-def _chain_prefix(t: PoolTransfer, extra_info) -> Optional[List[str]]:
-    # A pool that holds every page of the prefix continues the KV chain; a trailing window does not.
-    return _prefix(extra_info) if t.hit_policy == PoolHitPolicy.ALL_PAGES else None
 
 
 def _host_tensor(t, target: bool = False) -> torch.Tensor:

@@ -7,6 +7,8 @@ gets an error naming it, instead of a backend that silently runs with defaults.
 from __future__ import annotations
 
 import difflib
+import math
+import os
 import re
 import socket
 from dataclasses import dataclass, field, fields
@@ -106,8 +108,9 @@ class BackendConfig:
         if self.redis_url and not re.match(r"^(redis|rediss|unix)://", self.redis_url):
             raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
         for name in ("lookup_timeout_s", "connect_timeout_s", "heartbeat_s", "node_ttl_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: expected a positive number of seconds, got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if not math.isfinite(v) or v <= 0:  # nan compares false with everything; inf never times out
+                raise ConfigError(f"{name}: expected a positive, finite number of seconds, got {v!r}")
         if self.node_ttl_s <= self.heartbeat_s:
             raise ConfigError(f"node_ttl_s: must exceed heartbeat_s ({self.heartbeat_s}), got {self.node_ttl_s}")
         for name, allowed in (("io_engine", ENGINES), ("verify", VERIFY_MODES), ("eviction", EVICTION_MODES),
@@ -118,6 +121,10 @@ class BackendConfig:
             v = getattr(self, name)
             if not v or "{" in v or "}" in v:
                 raise ConfigError(f"{name}: expected a non-empty string without braces, got {v!r}")
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            v = getattr(self, name)
+            if v and not os.path.isfile(v):  # fail the launch, not the first TLS handshake
+                raise ConfigError(f"{name}: {v} does not exist or is not a file")
 
 
 def _size(name: str, raw: Any) -> int:
@@ -158,9 +165,12 @@ def _coerce(name: str, raw: Any, default: Any) -> Any:
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
             raise ConfigError(f"{name}: expected a number, got {raw!r}")
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+        if not math.isfinite(value):  # "nan" slips past every comparison; "inf" never times out
+            raise ConfigError(f"{name}: expected a finite number, got {raw!r}")
+        return value
     if raw is None:
         return None
     if not isinstance(raw, str):

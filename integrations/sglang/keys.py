@@ -64,8 +64,14 @@ class RankIdentity:
         return f"_{self.model}{self.shard_suffix()}"
 
     def rank_index(self) -> int:
-        """This process's position among the writers of one node, for picking its own partition."""
+        """This process's position among the writers of one node (DP included), for its own partition."""
         return ((self.dp_rank * self.pp_size + self.pp_rank) * self.tp_size + self.tp_rank) * self.cp_size + self.cp_rank
+
+    def is_sole_rank(self) -> bool:
+        """Whether this process may use the plain node_id (tp = pp = cp = 1, rank index 0). SGLang's
+        config has dp_rank but no dp_size, so attention-DP rank 0 cannot tell it has siblings; it
+        keeps the plain id and every other DP rank gets `.r<index>`, so the ids still differ."""
+        return self.tp_size == self.pp_size == self.cp_size == 1 and self.rank_index() == 0
 
     def writes(self, pool: str) -> bool:
         """MLA KV is written once, by the storage writer; TP-sharded state by every rank."""
@@ -85,6 +91,7 @@ class PoolFormat:
     layout: str
     dtype: str
     page_bytes: int
+    zero_copy: bool = False  # get_page_buffer_meta works for this pool's layout (probed at registration)
 
     def tag(self, interface: str) -> str:
         # In layer_first the zero-copy pointer walk (per layer: K, V) and the flat page
@@ -114,15 +121,21 @@ class KeyMapper:
         return _digest(f"{key}{self.rank.suffix(fmt.pool)}|{fmt.tag(interface)}")
 
     def chain(self, keys: Sequence[str], prefix_keys: Optional[Sequence[str]], fmt: PoolFormat,
-              interface: str) -> Chain:
-        """prefix_keys + keys is one contiguous chain (SGLang's contract when it passes prefix keys)."""
+              interface: str, continues: bool = True) -> Chain:
+        """prefix_keys + keys is one contiguous chain (SGLang's contract when it passes prefix keys).
+
+        continues=False: this pool does not hold the prefix's pages (a trailing window), so the
+        first page gets no parent, but the chain keeps the sequence's root so that the index
+        groups (and other nodes find) its records under the same root as batch_exists_v2 asks.
+        """
         skeys = [self.store_key(k, fmt, interface) for k in keys]
         if prefix_keys:
-            first_parent: Optional[bytes] = self.store_key(prefix_keys[-1], fmt, interface)
+            first_parent: Optional[bytes] = self.store_key(prefix_keys[-1], fmt, interface) if continues else None
             root = self.store_key(prefix_keys[0], fmt, interface)
         else:
             # Without prefix keys the call is taken to start its chain: right for the first
-            # batch of a sequence, and only an eviction-order/index-grouping hint otherwise.
+            # batch of a sequence only. Later batches get their own root, so another node's
+            # lookup (rooted at the sequence start) misses them; the backend warns about this.
             first_parent = None
             root = skeys[0] if skeys else _digest("empty")
         parents: List[Optional[bytes]] = [first_parent] + skeys[:-1] if skeys else []
