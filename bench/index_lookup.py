@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         assert writer.flush(30)
         time.sleep(1.2)  # the writer's heartbeat is visible
         assert len(reader.lookup(keys[0], keys)) == a.pages
-        client = reader._client  # noqa: SLF001 - the baseline uses the same connection pool
+        client = reader._reader.client  # noqa: SLF001 - the baseline uses the lookup connection pool
         names = [reader._page_key(keys[0], k) for k in keys]  # noqa: SLF001
         chain, per_key = [], []
         for _ in range(a.iters):  # interleaved: each pair sees the same machine state

@@ -14,7 +14,10 @@ chain is one EVALSHA (one round trip) while chains spread over shards.
 Serving never waits on Redis for writes (they go through a background queue) and waits at most
 `lookup_timeout_s` for a lookup; while Redis is down, lookups answer "nothing remote" at once,
 reconnection is tried with exponential backoff, and on reconnection (or when Redis lost our
-heartbeat, e.g. after a restart) the node re-publishes everything its store holds.
+heartbeat, e.g. after a restart) the node re-publishes everything its store holds and deletes
+records of pages it no longer holds (their unpublish may have been dropped from a full queue).
+Lookups and the background writer use separate clients with separate up/down states: a slow
+write batch (longer `write_timeout_s`) never switches lookups off.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from radixtier.storage.prefix_index import PageRecord
 from radixtier.storage.records import RecordError, decode_record, encode_record
@@ -57,6 +60,7 @@ class RedisIndexConfig:
     password: Optional[str] = None
     cluster: bool = False
     lookup_timeout_s: float = 0.05
+    write_timeout_s: Optional[float] = None  # None: max(1 s, 20 x lookup_timeout_s)
     connect_timeout_s: float = 0.2
     heartbeat_s: float = 1.0
     node_ttl_s: float = 5.0
@@ -85,14 +89,123 @@ class RedisIndexConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: expected a positive number of seconds, got {v!r}")
+        w = self.write_timeout_s
+        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0):
+            raise ValueError(f"write_timeout_s: expected a positive number of seconds or None, got {w!r}")
+        if self.cluster:
+            self._validate_cluster_url()
         if self.node_ttl_s <= self.heartbeat_s:
             raise ValueError(f"node_ttl_s: must exceed heartbeat_s ({self.heartbeat_s}), got {self.node_ttl_s}")
         if self.ssl_cert_reqs not in ("required", "optional", "none"):
             raise ValueError(f"ssl_cert_reqs: expected required, optional or none, got {self.ssl_cert_reqs!r}")
 
+    def _validate_cluster_url(self) -> None:
+        """Cluster clients reject these only when built; said here so that "unreachable" is never a config error."""
+        u = urlparse(self.url)
+        if u.scheme == "unix":
+            raise ValueError(f"redis_url: Redis Cluster needs redis:// or rediss://, got {self.url!r}")
+        if u.path not in ("", "/", "/0") or parse_qs(u.query).get("db", ["0"]) != ["0"]:
+            raise ValueError(f"redis_url: Redis Cluster has only database 0, got {self.url!r}")
+
+    def writer_timeout(self) -> float:
+        """Socket timeout of background writes: batches are big, and no request waits on them."""
+        return self.write_timeout_s if self.write_timeout_s is not None else max(1.0, 20 * self.lookup_timeout_s)
+
 
 class _Down(Exception):
     pass
+
+
+# Server answers that mean "not now" (failover, loading, a busy script, out of memory): back off as if
+# the connection were lost, instead of raising into the caller or hammering the server.
+_UNAVAILABLE = frozenset({"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM", "LOADING",
+                          "NOAUTH", "WRONGPASS"})
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether a server error says Redis cannot serve now (redis-py strips the code off the message)."""
+    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+    return str(code).upper() in _UNAVAILABLE
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class _Link:
+    """One Redis client and its own up/down state, so a slow write batch never switches lookups off."""
+
+    def __init__(self, name: str, url: str, connect: Callable[[], object], down_errors: tuple,
+                 server_errors: tuple, backoff: Tuple[float, float]) -> None:
+        self.name, self.url = name, url
+        self._connect = connect
+        self._down_errors, self._server_errors = down_errors, server_errors
+        self._backoff_initial, self._backoff_max = backoff
+        self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
+        self.client = None
+        self.up = True
+        self.down_until = 0.0
+        self.backoff = 0.0
+
+    def ensure_client(self):
+        """The client, built on first use: a Cluster client connects when built, and may not be able to yet."""
+        client = self.client
+        if client is None:
+            with self._build_lock:  # not self._lock: marking down must never wait for a connect
+                if self.client is None:
+                    self.client = self._connect()
+                client = self.client
+        return client
+
+    def call(self, fn: Callable[[object], object], build: bool = True):
+        """fn(client), or _Down at once while backing off and whenever Redis cannot answer.
+
+        build=False (lookups) never builds a missing client: building a Cluster client connects, which
+        may take connect_timeout_s; the background worker builds it instead.
+        """
+        if not self.up and time.monotonic() < self.down_until:
+            raise _Down()
+        try:
+            client = self.ensure_client() if build else self.client
+            if client is None:
+                raise _Down()
+            out = fn(client)
+        except self._down_errors as exc:
+            self.mark_down(exc)
+            raise _Down() from exc
+        except self._server_errors as exc:
+            if _unavailable(exc):
+                self.mark_down(exc)
+                raise _Down() from exc
+            raise
+        if not self.up:
+            self._mark_up()
+        return out
+
+    def mark_down(self, exc: BaseException) -> None:
+        with self._lock:
+            was_up, self.up = self.up, False
+            self.backoff = min(self._backoff_max, max(self._backoff_initial, self.backoff * 2))
+            self.down_until = time.monotonic() + self.backoff
+        if was_up:
+            log.warning("radixtier: prefix index %s unreachable for %s (%s); serving from local tiers, retrying "
+                        "with backoff", self.url, self.name, exc)
+
+    def _mark_up(self) -> None:
+        with self._lock:
+            was_up, self.up, self.backoff = self.up, True, 0.0
+        if not was_up:
+            log.warning("radixtier: prefix index %s reachable again for %s", self.url, self.name)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self.client = self.client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
 
 
 class RedisPrefixIndex:
@@ -100,6 +213,7 @@ class RedisPrefixIndex:
 
     def __init__(self, config: RedisIndexConfig, republish: Optional[Republisher] = None) -> None:
         import redis
+        from redis.exceptions import ClusterError, RedisClusterException
 
         config.validate()
         self.config = cfg = config
@@ -112,36 +226,32 @@ class RedisPrefixIndex:
         self._queue_cv = threading.Condition(self._lock)
         self._inflight_ops = 0
         self._batch_failures = 0
-        self._up = True
-        self._down_until = 0.0
-        self._backoff = 0.0
         self._live: Dict[str, bool] = {}
         self._live_at = 0.0
+        self._script = None
+        self._counters_lock = threading.Lock()
         self.counters = {"lookups": 0, "lookup_failures": 0, "rejected_records": 0, "dead_records_ignored": 0,
                          "published": 0, "unpublished": 0, "dropped_ops": 0, "republished": 0, "reconnects": 0,
-                         "gc_removed": 0}
-        self._client = self._connect()
-        self._script = self._client.register_script(_LOOKUP_LUA)
-        try:
-            self._client.ping()
-        except redis.AuthenticationError as exc:
-            raise ValueError(f"redis_url: authentication failed for user {cfg.username or 'default'!r}: {exc}") from None
-        except redis.ResponseError as exc:
-            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
-                raise ValueError(f"redis_url: access refused by the server: {exc}") from None
-            raise
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            self._mark_down(exc)  # start degraded: serve from local tiers, keep trying
+                         "gc_removed": 0, "stale_removed": 0}
+        down = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException, ClusterError)
+        backoff = (cfg.backoff_initial_s, cfg.backoff_max_s)
+        server = (redis.RedisError,)
+        self._reader = _Link("lookups", cfg.url, lambda: self._connect(cfg.lookup_timeout_s), down, server, backoff)
+        self._writer = _Link("writes", cfg.url, lambda: self._connect(cfg.writer_timeout()), down, server, backoff)
+        self._check_access(down)
         self._stop = threading.Event()
         self._need_republish = True
         self._worker = threading.Thread(target=self._run, name=f"radixtier-redis-{cfg.node_id}", daemon=True)
         self._worker.start()
 
     # ---------------------------------------------------------------- connection
-    def _connect(self):
+    def _connect(self, socket_timeout: float):
         cfg, redis = self.config, self._redis
-        kw: Dict[str, object] = dict(socket_timeout=cfg.lookup_timeout_s, socket_connect_timeout=cfg.connect_timeout_s,
-                                     health_check_interval=0)
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kw: Dict[str, object] = dict(socket_timeout=socket_timeout, socket_connect_timeout=cfg.connect_timeout_s,
+                                     health_check_interval=0, retry=Retry(NoBackoff(), 0))  # we back off ourselves
         if cfg.username is not None:
             kw["username"] = cfg.username
         if cfg.password is not None:
@@ -155,40 +265,36 @@ class RedisPrefixIndex:
         if cfg.cluster:
             from redis.cluster import RedisCluster
 
-            return RedisCluster.from_url(cfg.url, **kw)
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+            return RedisCluster.from_url(cfg.url, **kw)  # connects now: may raise RedisClusterException
+        return redis.Redis.from_url(cfg.url, **kw)
 
-        return redis.Redis.from_url(cfg.url, retry=Retry(NoBackoff(), 0), **kw)
-
-    def _mark_down(self, exc: BaseException) -> None:
-        with self._lock:
-            was_up = self._up
-            self._up = False
-            self._backoff = min(self.config.backoff_max_s,
-                                max(self.config.backoff_initial_s, self._backoff * 2))
-            self._down_until = time.monotonic() + self._backoff
-        if was_up:
-            log.warning("radixtier: prefix index %s unreachable (%s); serving from local tiers, retrying with "
-                        "backoff", self.config.url, exc)
-
-    def _call(self, fn):
-        if not self._up and time.monotonic() < self._down_until:
-            raise _Down()
+    def _check_access(self, down: tuple) -> None:
+        """Refused credentials are a configuration error; an unreachable Redis only starts us degraded."""
+        redis = self._redis
         try:
-            return fn()
-        except (self._redis.ConnectionError, self._redis.TimeoutError, OSError) as exc:
-            self._mark_down(exc)
-            raise _Down() from exc
-        except self._redis.ResponseError as exc:
-            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "LOADING" in str(exc):
-                self._mark_down(exc)
-                raise _Down() from exc
-            raise
+            self._reader.ensure_client().ping()
+        except redis.AuthenticationError as exc:
+            raise ValueError(f"redis_url: authentication failed for user {self.config.username or 'default'!r}: "
+                             f"{exc}") from None
+        except redis.ResponseError as exc:
+            if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in str(exc):
+                raise ValueError(f"redis_url: access refused by the server: {exc}") from None
+            if not _unavailable(exc):
+                raise
+            self._reader.mark_down(exc)
+        except down as exc:
+            if isinstance(exc.__cause__, redis.AuthenticationError):  # a Cluster client wraps refused credentials
+                raise ValueError(f"redis_url: authentication failed: {exc.__cause__}") from None
+            self._reader.mark_down(exc)  # start degraded: serve from local tiers, keep trying
 
     @property
     def up(self) -> bool:
-        return self._up
+        """Whether lookups are being answered by Redis (writes have their own state, see health())."""
+        return self._reader.up
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self.counters[name] += n
 
     # ---------------------------------------------------------------- keys
     def _page_key(self, root: bytes, key: bytes) -> str:
@@ -199,6 +305,9 @@ class RedisPrefixIndex:
 
     def _owned_key(self, node: str) -> str:
         return f"{self._prefix}:{{o:{node}}}"
+
+    def _pipeline(self, client):
+        return client.pipeline(transaction=False) if not self.config.cluster else client.pipeline()
 
     # ---------------------------------------------------------------- interface
     def publish(self, root: bytes, keys: Sequence[bytes], records: Sequence[PageRecord]) -> None:
@@ -213,14 +322,27 @@ class RedisPrefixIndex:
         """Leading run of `keys` (one chain under `root`) with live records; [] whenever Redis cannot answer."""
         if not keys:
             return []
-        self.counters["lookups"] += 1
+        self._count("lookups")
         names = [self._page_key(bytes(root), bytes(k)) for k in keys]
         try:
-            raw = self._call(lambda: self._script(keys=names, args=[]))
-            live = self._live_nodes()
+            raw = self._reader.call(lambda c: self._eval_lookup(c, names), build=False)
+            live = self._live_nodes(self._reader)
         except _Down:
-            self.counters["lookup_failures"] += 1
+            self._count("lookup_failures")
             return []
+        except Exception as exc:  # e.g. WRONGTYPE on a foreign key: this chain is unanswerable, Redis is not down
+            self._count("lookup_failures")
+            log.debug("radixtier: prefix index lookup failed: %s", exc)
+            return []
+        return self._decode_run(raw, live, exclude_self)
+
+    def _eval_lookup(self, client, names: List[str]):
+        script = self._script
+        if script is None:
+            script = self._script = client.register_script(_LOOKUP_LUA)
+        return script(keys=names, args=[], client=client)
+
+    def _decode_run(self, raw, live: Dict[str, bool], exclude_self: bool) -> List[List[PageRecord]]:
         out: List[List[PageRecord]] = []
         for fields in raw or []:
             recs = []
@@ -231,11 +353,11 @@ class RedisPrefixIndex:
                 try:
                     rec = decode_record(fields[i + 1], field_node=node)
                 except RecordError as exc:
-                    self.counters["rejected_records"] += 1
+                    self._count("rejected_records")
                     log.debug("radixtier: rejected index record for node %s: %s", node, exc)
                     continue
                 if not live.get(node, False):
-                    self.counters["dead_records_ignored"] += 1
+                    self._count("dead_records_ignored")
                     continue
                 recs.append(rec)
             if not recs:
@@ -261,29 +383,29 @@ class RedisPrefixIndex:
     def health(self) -> Dict[str, object]:
         with self._lock:
             depth = len(self._queue)
-        return {"up": self._up, "queue_depth": depth, **self.counters}
+        with self._counters_lock:
+            counters = dict(self.counters)
+        return {"up": self._reader.up, "writer_up": self._writer.up, "queue_depth": depth, **counters}
 
     def close(self) -> None:
         self.flush(timeout=2.0)
         self._stop.set()
         self._worker.join(timeout=5)
         try:
-            self._call(lambda: self._client.delete(self._node_key(self.node_id)))  # dead from now on
+            self._writer.call(lambda c: c.delete(self._node_key(self.node_id)))  # dead from now on
         except Exception:
             pass
-        try:
-            self._client.close()
-        except Exception:
-            pass
+        self._reader.close()
+        self._writer.close()
 
     # ---------------------------------------------------------------- liveness
-    def _live_nodes(self) -> Dict[str, bool]:
+    def _live_nodes(self, link: _Link) -> Dict[str, bool]:
         now = time.monotonic()
         if now - self._live_at < min(1.0, self.config.heartbeat_s):
             return self._live
         all_key = f"{self._prefix}:{{nodes}}:all"
-        nodes = sorted(n.decode() if isinstance(n, bytes) else n for n in self._call(lambda: self._client.smembers(all_key)))
-        vals = self._call(lambda: self._client.mget([self._node_key(n) for n in nodes])) if nodes else []
+        nodes = sorted(_text(n) for n in link.call(lambda c: c.smembers(all_key)))
+        vals = link.call(lambda c: c.mget([self._node_key(n) for n in nodes])) if nodes else []
         self._live = {n: v is not None for n, v in zip(nodes, vals)}
         self._live_at = now
         return self._live
@@ -293,21 +415,23 @@ class RedisPrefixIndex:
         with self._queue_cv:
             self._queue.extend(ops)
             over = len(self._queue) - self.config.publish_queue
-            for _ in range(max(0, over)):  # bounded: the oldest go; re-publication after an outage restores them
+            for _ in range(max(0, over)):  # bounded: the oldest go; re-publication reconciles what they changed
                 self._queue.popleft()
-                self.counters["dropped_ops"] += 1
+            if over > 0:
+                self._count("dropped_ops", over)
             self._queue_cv.notify_all()
 
     def _run(self) -> None:
         next_beat = 0.0
         next_gc = time.monotonic() + self.config.gc_interval_s
+        w = self._writer
         while not self._stop.is_set():
             now = time.monotonic()
-            if not self._up and now < self._down_until:
-                self._stop.wait(min(0.05, self._down_until - now))
+            if not w.up and now < w.down_until:
+                self._stop.wait(min(0.05, w.down_until - now))
                 continue
             try:
-                if now >= next_beat:
+                if now >= next_beat or not w.up:  # after an outage the heartbeat goes first: it triggers republish
                     self._heartbeat()
                     next_beat = now + self.config.heartbeat_s
                 if self._need_republish:
@@ -329,34 +453,68 @@ class RedisPrefixIndex:
     def _heartbeat(self) -> None:
         cfg = self.config
         payload = f"{cfg.node_id}:{uuid.uuid4().hex[:8]}"
-        was_down = not self._up
+        was_down = not self._writer.up
 
-        def beat():
-            pipe = self._client.pipeline(transaction=False) if not cfg.cluster else self._client.pipeline()
+        def beat(client):
+            pipe = self._pipeline(client)
             pipe.set(self._node_key(cfg.node_id), payload, px=int(cfg.node_ttl_s * 1000), get=True)
             pipe.sadd(f"{self._prefix}:{{nodes}}:all", cfg.node_id)
             return pipe.execute()
 
-        old, _ = self._call(beat)
+        old, _ = self._writer.call(beat)
         if was_down:
-            with self._lock:
-                self._up, self._backoff = True, 0.0
-            self.counters["reconnects"] += 1
+            self._count("reconnects")
             log.warning("radixtier: prefix index %s reachable again; re-publishing local pages", cfg.url)
             self._need_republish = True
         if old is None:  # our heartbeat was gone: Redis restarted, or we were presumed dead
             self._need_republish = True
         self._live_at = 0.0
+        self._probe_reader()
+
+    def _probe_reader(self) -> None:
+        """Bring lookups back without waiting for a request to find out that Redis is reachable again."""
+        if not self._reader.up:
+            try:
+                self._reader.call(lambda c: c.ping())
+            except Exception:
+                pass
 
     def _republish(self) -> None:
         fn = self._republish_fn
         self._need_republish = False
         if fn is None:
             return
-        ops = [("pub", (bytes(root), bytes(key), rec)) for root, key, rec in fn()]
-        if ops:
-            self.counters["republished"] += len(ops)
-            self._enqueue(ops)
+        held = [(bytes(root), bytes(key), rec) for root, key, rec in fn()]
+        self._remove_stale({key: root for root, key, _ in held})
+        if held:
+            self._count("republished", len(held))
+            self._enqueue([("pub", entry) for entry in held])
+
+    def _remove_stale(self, held: Dict[bytes, bytes], batch: int = 1000) -> None:
+        """Delete our records of pages the store no longer holds: their unpublish may have been dropped."""
+        me, owned = self.node_id, self._owned_key(self.node_id)
+        items = self._writer.call(lambda c: list(c.hscan_iter(owned, count=batch)))
+        stale = [(_text(k), _text(r)) for k, r in items if self._held_root(held, _text(k)) != _text(r)]
+        for i in range(0, len(stale), batch):
+            def run(client, chunk=stale[i:i + batch]):
+                pipe = self._pipeline(client)
+                for key_hex, root_hex in chunk:
+                    pipe.hdel(f"{self._prefix}:{{{root_hex}}}:p:{key_hex}", me)
+                    pipe.hdel(owned, key_hex)  # a page still held under another root is re-added by its publish
+                return pipe.execute()
+
+            self._writer.call(run)
+        if stale:
+            self._count("stale_removed", len(stale))
+            log.info("radixtier: removed %d index records of pages this node no longer holds", len(stale))
+
+    @staticmethod
+    def _held_root(held: Dict[bytes, bytes], key_hex: str) -> Optional[str]:
+        try:
+            root = held.get(bytes.fromhex(key_hex))
+        except ValueError:
+            return None
+        return root.hex() if root is not None else None
 
     def _drain(self, batch: int = 2000) -> None:
         while True:
@@ -373,14 +531,14 @@ class RedisPrefixIndex:
                     self._queue.extendleft(reversed(ops))
                     self._inflight_ops = 0
                 raise
-            except Exception:  # e.g. a cluster still electing ("cluster is down"): retry a few times
+            except Exception:  # e.g. a server error that is not an outage: retry a few times
                 self._batch_failures += 1
                 with self._queue_cv:
                     if self._batch_failures < _BATCH_RETRIES:
                         self._queue.extendleft(reversed(ops))
                     else:
                         self._batch_failures = 0
-                        self.counters["dropped_ops"] += len(ops)
+                        self._count("dropped_ops", len(ops))
                         log.error("radixtier: dropped %d index updates after %d failed attempts (re-publication "
                                   "after the next reconnection restores them)", len(ops), _BATCH_RETRIES)
                     self._inflight_ops = 0
@@ -394,52 +552,62 @@ class RedisPrefixIndex:
     def _apply(self, ops: List[Tuple[str, tuple]]) -> None:
         me = self.node_id
         owned = self._owned_key(me)
-        unpub = [args[0] for kind, args in ops if kind == "unpub"]
-        roots: Dict[bytes, Optional[bytes]] = {}
-        if unpub:
-            vals = self._call(lambda: self._client.hmget(owned, [k.hex() for k in unpub]))
-            roots = {k: (bytes.fromhex(v.decode()) if v else None) for k, v in zip(unpub, vals)}
+        roots = self._published_roots([args[0] for kind, args in ops if kind == "unpub"])
 
-        def run():
-            pipe = self._client.pipeline(transaction=False) if not self.config.cluster else self._client.pipeline()
+        def run(client):
+            pipe = self._pipeline(client)
             for kind, args in ops:
                 if kind == "pub":
                     root, key, rec = args
+                    roots[key] = root  # a later unpublish in this batch must find this record
                     pipe.hset(self._page_key(root, key), me, encode_record(rec))
                     pipe.hset(owned, key.hex(), root.hex())
                 else:
-                    root = roots.get(args[0])
+                    root = roots.pop(args[0], None)
                     if root is not None:
                         pipe.hdel(self._page_key(root, args[0]), me)
                     pipe.hdel(owned, args[0].hex())
             return pipe.execute()
 
-        self._call(run)
+        self._writer.call(run)
         n_pub = sum(1 for k, _ in ops if k == "pub")
-        self.counters["published"] += n_pub
-        self.counters["unpublished"] += len(ops) - n_pub
+        self._count("published", n_pub)
+        self._count("unpublished", len(ops) - n_pub)
+
+    def _published_roots(self, keys: List[bytes]) -> Dict[bytes, bytes]:
+        """Roots under which `keys` were published (from our owned-pages hash), for unpublishing them."""
+        if not keys:
+            return {}
+        vals = self._writer.call(lambda c: c.hmget(self._owned_key(self.node_id), [k.hex() for k in keys]))
+        return {k: bytes.fromhex(_text(v)) for k, v in zip(keys, vals) if v}
 
     def collect_garbage(self) -> int:
         """Remove records of nodes whose heartbeat expired (one collector at a time); returns records removed."""
         lock = f"{self._prefix}:{{nodes}}:gc"
-        if not self._call(lambda: self._client.set(lock, self.node_id, nx=True, px=int(self.config.gc_interval_s * 1000))):
+        w = self._writer
+        if not w.call(lambda c: c.set(lock, self.node_id, nx=True, px=int(self.config.gc_interval_s * 1000))):
             return 0
         self._live_at = 0.0
-        live = self._live_nodes()
+        live = self._live_nodes(w)
         removed = 0
         for node, alive in live.items():
             if alive or node == self.node_id:
                 continue
-            owned = self._owned_key(node)
-            items = self._call(lambda: self._client.hgetall(owned))
-            pipe = self._client.pipeline(transaction=False) if not self.config.cluster else self._client.pipeline()
+            removed += self._collect_node(node)
+        self._count("gc_removed", removed)
+        return removed
+
+    def _collect_node(self, node: str) -> int:
+        owned = self._owned_key(node)
+        items = self._writer.call(lambda c: c.hgetall(owned))
+
+        def run(client):
+            pipe = self._pipeline(client)
             for key_hex, root_hex in items.items():
-                k = key_hex.decode() if isinstance(key_hex, bytes) else key_hex
-                r = root_hex.decode() if isinstance(root_hex, bytes) else root_hex
-                pipe.hdel(f"{self._prefix}:{{{r}}}:p:{k}", node)
+                pipe.hdel(f"{self._prefix}:{{{_text(root_hex)}}}:p:{_text(key_hex)}", node)
             pipe.delete(owned)
             pipe.srem(f"{self._prefix}:{{nodes}}:all", node)
-            self._call(pipe.execute)
-            removed += len(items)
-        self.counters["gc_removed"] += removed
-        return removed
+            return pipe.execute()
+
+        self._writer.call(run)
+        return len(items)

@@ -8,7 +8,8 @@ import signal
 import socket
 import subprocess
 import time
-from typing import List, Optional
+from contextlib import contextmanager
+from typing import Iterator, List, Optional
 
 
 def _is_free(port: int) -> bool:
@@ -70,8 +71,26 @@ class RedisServer:
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            self.proc.send_signal(signal.SIGKILL)  # also ends a paused (SIGSTOPped) server
             self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server still accepts connections (the kernel does) but answers nothing: a "slow" Redis."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Paused for the block, resumed whatever happens (a stopped server would hang the other tests)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
 
     def restart(self) -> None:
         self.kill()

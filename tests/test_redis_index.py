@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -23,7 +24,7 @@ from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
 from radixtier.tiers import Tier
 
 from conftest import page_content
-from redis_server import RedisServer
+from redis_server import RedisServer, free_port
 
 NS_UUID = "ab" * 16
 
@@ -192,6 +193,7 @@ def test_tls_rediss_url(tmp_path):
     ("url", "http://x", "redis_url"),
     ("node_id", "a:b", "node_id"),
     ("lookup_timeout_s", 0, "lookup_timeout_s"),
+    ("write_timeout_s", -1, "write_timeout_s"),
     ("node_ttl_s", 0.1, "node_ttl_s"),
     ("namespace", "x{y}", "namespace"),
 ])
@@ -200,6 +202,26 @@ def test_bad_index_configuration_is_named(field, value, msg):
     setattr(cfg, field, value)
     with pytest.raises(ValueError, match=msg):
         RedisPrefixIndex(cfg)
+
+
+@pytest.mark.parametrize("url", ["unix:///tmp/redis.sock", "redis://127.0.0.1:1/3", "redis://127.0.0.1:1/0?db=2"])
+def test_cluster_configuration_errors_are_not_mistaken_for_unreachable(url):
+    with pytest.raises(ValueError, match="redis_url"):
+        RedisPrefixIndex(RedisIndexConfig(url=url, cluster=True, heartbeat_s=0.2))
+
+
+def test_counters_are_exact_under_concurrent_lookups():
+    a = index(f"redis://127.0.0.1:{free_port()}/0", "node-a")  # nothing listens: every lookup fails fast
+    def hammer():
+        for _ in range(5000):
+            a.lookup(k(0), [k(0)])
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    h = a.health()
+    assert h["lookups"] == h["lookup_failures"] == 40000
+    a.close()
 
 
 NODE_A = textwrap.dedent("""
@@ -219,6 +241,8 @@ NODE_A = textwrap.dedent("""
     tokens = list(range(1000, 1064))
     keys = PageHasher(ns).chain(tokens)
     cache.insert(tokens, torch.stack([page_content(key, 1024) for key in keys]))
+    other = list(range(2000, 2016))  # B never reads these: only A's records can make them remote hits
+    cache.insert(other, torch.stack([page_content(key, 1024) for key in PageHasher(ns).chain(other)]))
     cache.flush()
     idx.flush()
     print("ready", flush=True)
@@ -248,12 +272,15 @@ def test_two_nodes_share_pages_through_namespace_and_index(tmp_path, redis_serve
             for i in range(16):
                 assert torch.equal(got[i], page_content(keys[i], 1024)), f"page {i} differs"
         assert cache.match(tokens).device_tokens == 64  # now local
-        other = list(range(2000, 2016))  # a dead node's records stop being served
-        node_a.kill()
-        node_a.wait()
+        # a dead node's records stop being served: pages B never read are remote hits only while A lives
+        other = list(range(2000, 2016))
         fresh = TieredKVCache(CacheConfig(page_size=4, page_shape=(1024,), dtype=torch.int32, device="cpu"), ns,
                               store=store, index=idx)
-        assert wait_for(lambda: fresh.match(tokens).remote_tokens == 0, timeout=5)
+        assert wait_for(lambda: fresh.match(other).remote_tokens == 16)
+        node_a.kill()
+        node_a.wait()
+        assert wait_for(lambda: fresh.match(other).remote_tokens == 0, timeout=5)
+        assert idx.counters["dead_records_ignored"] > 0 or idx.counters["gc_removed"] > 0
         fresh.close()
         cache.close()
         idx.close()
@@ -288,7 +315,17 @@ def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path
             assert wait_for(lambda: len(b.lookup(ch[0], ch)) == 8)
         per_shard = [redis.Redis(port=s.port).dbsize() for s in servers]
         assert sum(1 for n in per_shard if n > 0) >= 2, per_shard  # chains spread over shards
-        a.close(), b.close()
+        c = index(url, "node-c", cluster=True, lookup_timeout_s=0.1)
+        ch = chains[0]
+        shard = next(s for s in servers if redis.Redis(port=s.port).exists(
+            f"radixtier:test:{{{ch[0].hex()}}}:p:{ch[0].hex()}"))
+        assert wait_for(lambda: len(c.lookup(ch[0], ch)) == 8)
+        with shard.paused():  # one shard stalls: redis-py's own retries (each a timeout) must not run
+            t = time.monotonic()
+            assert c.lookup(ch[0], ch) == []
+            took = time.monotonic() - t
+        assert took < max(0.5, 5 * c.config.lookup_timeout_s), f"lookup took {took:.3f} s"
+        a.close(), b.close(), c.close()
     finally:
         for s in servers:
             s.stop()
@@ -313,3 +350,170 @@ def test_a_failing_batch_is_retried_not_lost(redis_server):
     assert failures[0] == 0 and a.counters["dropped_ops"] == 0
     assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 4)
     a.close(), b.close()
+
+
+def _raw_keys(url: str, node: str) -> tuple:
+    raw = redis.Redis.from_url(url)
+    return raw, f"radixtier:test:{{o:{node}}}"
+
+
+def test_publish_then_unpublish_in_one_batch_leaves_nothing(redis_server):
+    a = index(redis_server.url, "node-a")
+    key = k(500)
+    a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,))])  # one drained batch
+    raw, owned = _raw_keys(redis_server.url, "node-a")
+    assert not raw.exists(f"radixtier:test:{{{key.hex()}}}:p:{key.hex()}")
+    assert raw.hlen(owned) == 0
+    a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,)), ("pub", (key, key, rec("node-a", 2)))])
+    assert raw.hget(f"radixtier:test:{{{key.hex()}}}:p:{key.hex()}", "node-a") is not None
+    assert raw.hget(owned, key.hex()) == key.hex().encode()
+    a.close()
+
+
+def test_restart_removes_records_of_pages_no_longer_held(redis_server):
+    """Unpublishes dropped from a full queue (or lost in a crash) must not outlive a re-publication."""
+    keys = [k(600 + i) for i in range(6)]
+    a = index(redis_server.url, "node-a")
+    a.publish(keys[0], keys, [rec("node-a", i) for i in range(6)])
+    assert a.flush()
+    a._stop.set()  # crash: the store evicts pages 3..5, but their unpublish never reaches Redis
+    a._worker.join()
+    b = index(redis_server.url, "node-b")
+    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 6)
+    held = [(keys[0], keys[i], rec("node-a", i)) for i in range(3)]
+    a2 = index(redis_server.url, "node-a")  # the restart re-publishes what the store recovered
+    a2.set_republisher(lambda: iter(held))
+    assert wait_for(lambda: a2.counters["stale_removed"] == 3)
+    assert a2.flush()
+    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 3)
+    raw, owned = _raw_keys(redis_server.url, "node-a")
+    assert sorted(raw.hkeys(owned)) == sorted(key.hex().encode() for key in keys[:3])
+    a2.close(), b.close()
+
+
+@pytest.mark.parametrize("reply", ["CLUSTERDOWN The cluster is down", "READONLY You can't write against a read "
+                                   "only replica.", "BUSY Redis is busy running a script.", "OOM command not allowed "
+                                   "when used memory > 'maxmemory'.", "LOADING Redis is loading the dataset in memory",
+                                   "MASTERDOWN Link with MASTER is down", "TRYAGAIN Multiple keys request during "
+                                   "rehashing of slot"])
+def test_server_errors_during_lookup_mean_redis_is_down(redis_server, reply):
+    from redis._parsers.base import BaseParser
+
+    b = index(redis_server.url, "node-b", backoff_initial_s=0.3)
+    keys = [k(700 + i) for i in range(2)]
+    b.publish(keys[0], keys, [rec("node-b", i) for i in range(2)])
+    assert b.flush()
+    real, calls = b._eval_lookup, [0]
+
+    def failing(client, names):
+        calls[0] += 1
+        raise BaseParser.parse_error(reply)  # exactly what redis-py raises for that server reply
+
+    b._eval_lookup = failing
+    assert b.lookup(keys[0], keys, exclude_self=False) == []  # no exception reaches the caller
+    assert not b.up and b.counters["lookup_failures"] == 1
+    assert b.lookup(keys[0], keys, exclude_self=False) == [] and calls[0] == 1  # backing off: Redis not asked
+    b._eval_lookup = real
+    assert wait_for(lambda: len(b.lookup(keys[0], keys, exclude_self=False)) == 2)
+    assert b.up
+    b.close()
+
+
+def test_busy_script_on_the_server_is_down_not_an_exception(redis_server):
+    raw = redis.Redis.from_url(redis_server.url)
+    raw.config_set("busy-reply-threshold", 50)
+    b = index(redis_server.url, "node-b")
+    keys = [k(750 + i) for i in range(2)]
+    b.publish(keys[0], keys, [rec("node-b", i) for i in range(2)])
+    assert b.flush()
+    assert wait_for(lambda: len(b.lookup(keys[0], keys, exclude_self=False)) == 2)
+    hog = threading.Thread(target=lambda: pytest.raises(redis.ResponseError, redis.Redis.from_url(
+        redis_server.url).eval, "while true do end", 0), daemon=True)
+    hog.start()
+    try:
+        time.sleep(0.2)  # past the busy threshold: every other client now gets BUSY
+        assert b.lookup(keys[0], keys, exclude_self=False) == []
+        assert not b.up
+    finally:
+        assert wait_for(lambda: _script_kill(redis_server.url))
+        hog.join(5)
+    assert wait_for(lambda: len(b.lookup(keys[0], keys, exclude_self=False)) == 2)
+    b.close()
+
+
+def _script_kill(url: str) -> bool:
+    try:
+        redis.Redis.from_url(url).script_kill()
+        return True
+    except redis.ResponseError:
+        return False
+
+
+def test_slow_redis_lookups_answer_nothing_remote_fast_and_recover(redis_server):
+    a = index(redis_server.url, "node-a")
+    b = index(redis_server.url, "node-b", lookup_timeout_s=0.05)
+    keys = [k(800 + i) for i in range(4)]
+    a.publish(keys[0], keys, [rec("node-a", i) for i in range(4)])
+    assert a.flush()
+    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 4)
+    bound = max(0.5, 5 * b.config.lookup_timeout_s)
+    worst = 0.0
+    with redis_server.paused():  # SIGSTOP: connections are accepted, nothing is answered
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            t = time.monotonic()
+            assert b.lookup(keys[0], keys) == []
+            worst = max(worst, time.monotonic() - t)
+            time.sleep(0.01)
+        assert not b.up
+    assert worst < bound, f"a lookup took {worst:.3f} s against a stalled Redis"
+    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 4, timeout=15)
+    assert b.up
+    a.close(), b.close()
+
+
+def test_slow_write_batches_do_not_switch_lookups_off(redis_server):
+    # a's backoff is long: had a write stall marked a down, its lookups would answer [] for 2 s
+    a = index(redis_server.url, "node-a", backoff_initial_s=2.0, backoff_max_s=5.0)
+    b = index(redis_server.url, "node-b")
+    keys = [k(850 + i) for i in range(4)]
+    b.publish(keys[0], keys, [rec("node-b", i) for i in range(4)])
+    assert b.flush()
+    assert wait_for(lambda: len(a.lookup(keys[0], keys)) == 4)
+    with redis_server.paused():
+        time.sleep(0.4)  # 8x the lookup timeout: a's heartbeat (every 0.2 s) waits through it
+    assert wait_for(lambda: len(a.lookup(keys[0], keys)) == 4, timeout=1.0)
+    assert a.health()["writer_up"] and a.up
+    a.close(), b.close()
+
+
+def test_cluster_unreachable_at_start_is_degraded_and_lookups_stay_fast(tmp_path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port(cluster=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    a = index(url, "node-a", cluster=True)  # nothing listens yet: must not raise
+    bound = max(0.5, 5 * a.config.lookup_timeout_s)
+    t = time.monotonic()
+    assert a.lookup(k(0), [k(0)]) == [] and not a.up
+    assert time.monotonic() - t < bound
+    d = str(tmp_path / "c")
+    srv = RedisServer(d, port=port, extra=["--cluster-enabled", "yes", "--cluster-config-file",
+                                           os.path.join(d, "nodes.conf")])
+    try:
+        raw = redis.Redis(port=port)
+        raw.execute_command("CLUSTER ADDSLOTS", *range(16384))  # a one-shard cluster
+        assert wait_for(lambda: raw.execute_command("CLUSTER INFO")["cluster_state"] == "ok")
+        keys = [k(950 + i) for i in range(3)]
+        a.publish(keys[0], keys, [rec("node-a", i) for i in range(3)])
+        assert wait_for(lambda: len(a.lookup(keys[0], keys, exclude_self=False)) == 3, timeout=15)
+        with srv.paused():  # the shard stalls: no redis-py retries (each a timeout), no backoff sleeps
+            for _ in range(10):
+                t = time.monotonic()
+                assert a.lookup(keys[0], keys, exclude_self=False) == []
+                assert time.monotonic() - t < bound
+                time.sleep(0.05)
+        assert wait_for(lambda: len(a.lookup(keys[0], keys, exclude_self=False)) == 3, timeout=15)
+    finally:
+        srv.stop()
+        a.close()
