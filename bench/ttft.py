@@ -192,7 +192,9 @@ class Bench:
             d = os.path.join(self.work, f"files-{sc.name}-{eviction}")
             shutil.rmtree(d, ignore_errors=True)
             store = OneFilePerPageStore(d, self.page_bytes, storage_pages, eviction=eviction)
-            cache = self._cache(sc, store, 2, device_pages, host_pages)  # one reader, one writer
+            # The same mover threads as radixtier (reads never queue behind write-through puts);
+            # the store itself keeps one reader and one writer, as HiCacheFile does.
+            cache = self._cache(sc, store, 4, device_pages, host_pages)
             impl = self._path(cache, kind, prefetch_on_arrival=False)
         else:
             f = os.path.join(self.work, f"ns-{sc.name}-{eviction}.img")
@@ -212,6 +214,10 @@ class Bench:
                 cache.close()
             if store is not None:
                 store.close()
+                if kind == "local-disk":  # a full run writes GiBs: free each path's pages when done
+                    shutil.rmtree(d, ignore_errors=True)
+                else:
+                    os.remove(f)
         s = summarize(results, wall)
         warm = [r.ttft_s for r in results if r.turn > 0]
         s["warm_ttft_p50_s"] = percentile(warm, 50)
@@ -369,6 +375,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  "page_bytes": b.page_bytes, "kv_bytes_per_token": b.kv_bytes_per_token,
                                  "model_kv_bytes_per_token": b.model.kv_bytes_per_token,
                                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "seeds": SEEDS, "scenarios": {}}
+    report["workdir_filesystem"] = filesystem_of(b.work)
+    wrong: List[str] = []
     bar = tqdm(total=total, desc="ttft", unit="req", file=sys.stderr)
     try:
         for sc in scs:
@@ -377,6 +385,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 bar.set_postfix_str(f"{sc.name} / {p}")
                 per_path[p], firsts[p] = b.run_path(p, sc, loads[sc.name], bar)
             same = {p: sum(firsts[p][k] == v for k, v in firsts["recompute"].items()) for p in PATHS[1:]}
+            for p in PATHS[1:]:
+                if same[p] != len(firsts["recompute"]):
+                    wrong.append(f"{sc.name}/{p}: {len(firsts['recompute']) - same[p]} first tokens differ from recompute")
             report["scenarios"][sc.name] = {
                 "scenario": asdict(sc), "paths": per_path, "ratios": ratios(per_path),
                 "first_tokens_identical": " ".join(f"{p} {same[p]}/{len(firsts['recompute'])}" for p in PATHS[1:])}
@@ -384,11 +395,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             report["capacity_bounded"] = {}
             for c in caps:
                 storage = int(c.unique_pages(a.page_size) * c.storage_fraction)
-                runs = {}
+                runs, firsts = {}, {}
                 for ev in ("leaves_first", "lru"):
                     bar.set_postfix_str(f"{c.scenario.name} / {ev}")
-                    runs[ev], _f = b.run_path("radixtier", c.scenario, c.sessions, bar, storage_pages=storage,
-                                              eviction=ev)
+                    runs[ev], firsts[ev] = b.run_path("radixtier", c.scenario, c.sessions, bar,
+                                                      storage_pages=storage, eviction=ev)
+                if firsts["leaves_first"] != firsts["lru"]:  # what is reused differs; the answers must not
+                    wrong.append(f"{c.scenario.name}: first tokens differ between leaves_first and lru")
                 report["capacity_bounded"][c.scenario.name] = {
                     "what": c.what, "storage_pages": runs["lru"]["tiers"]["storage_pages"],
                     "unique_pages": c.unique_pages(a.page_size), "runs": runs}
@@ -403,7 +416,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     pngs = plots(report, a.out)
     print(md)
     print("written:", ", ".join([os.path.join(a.out, "ttft.json"), os.path.join(a.out, "ttft.md")] + pngs))
+    if wrong:
+        print("WRONG ANSWERS (a cached page changed a result):\n  " + "\n  ".join(wrong), file=sys.stderr)
+        return 1
     return 0
+
+
+def filesystem_of(path: str) -> str:
+    """The filesystem type under `path` (tmpfs would make "disk" reads memory reads)."""
+    best, fstype = "", "unknown"
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1]
+            if os.path.abspath(path).startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
+                best, fstype = mnt, parts[2]
+    return fstype
 
 
 if __name__ == "__main__":
