@@ -1,0 +1,60 @@
+"""Page pools: slot accounting, clear errors, and host pages O_DIRECT can read into."""
+
+import pytest
+import torch
+
+from radixtier.pools import HOST_ALIGN, PagePool, PoolExhausted, resolve_device
+
+
+def pool(n=4, shape=(1000,)):
+    return PagePool("host", n, shape, torch.float16, torch.device("cpu"))
+
+
+def test_out_of_slots_says_how_many_are_free():
+    p = pool()
+    got = p.alloc(3)
+    with pytest.raises(PoolExhausted, match="host pool: need 2 free page slots, 1 of 4 free"):
+        p.alloc(2)
+    assert p.try_alloc(2) is None and p.num_free == 1  # a failed allocation takes nothing
+    p.free(got)
+    assert sorted(p.alloc(4)) == [0, 1, 2, 3]
+
+
+def test_double_free_and_foreign_slot_are_errors():
+    p = pool()
+    s = p.alloc(1)
+    p.free(s)
+    with pytest.raises(RuntimeError, match="double free of slot"):
+        p.free(s)
+    with pytest.raises(ValueError, match="out of range"):
+        p.free([4])
+
+
+def test_host_pages_start_on_4k_boundaries():
+    p = pool(8, (1000,))  # 2000-byte pages: the pool itself must start aligned
+    assert p.buffer.data_ptr() % HOST_ALIGN == 0
+    p2 = pool(3, (2048,))  # 4 KiB pages: every page is aligned
+    assert all(p2.page(i).data_ptr() % HOST_ALIGN == 0 for i in range(3))
+
+
+def test_write_read_round_trip_and_shape_errors():
+    p = pool()
+    pages = torch.randn(2, 1000).half()
+    slots = p.alloc(2)
+    p.write(slots, pages)
+    assert torch.equal(p.read(slots), pages)
+    with pytest.raises(ValueError, match="expected pages of shape"):
+        p.write(slots, torch.zeros(2, 999).half())
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5])
+def test_bad_sizes_name_the_field(bad):
+    with pytest.raises(ValueError, match="host_pages: expected a positive integer"):
+        PagePool("host", bad, (8,), torch.float16, torch.device("cpu"))
+
+
+def test_cuda_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present on this machine: the error cannot occur")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda")
