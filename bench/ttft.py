@@ -183,6 +183,11 @@ class Bench:
 
     def run_path(self, kind: str, sc: Scenario, sessions: List[Session], bar, storage_pages: Optional[int] = None,
                  eviction: str = "leaves_first") -> Tuple[Dict[str, object], Dict[tuple, int]]:
+        """One run of one path: its summary and first tokens."""
+        return summarize_runs([self.run_once(kind, sc, sessions, bar, storage_pages, eviction)])
+
+    def run_once(self, kind: str, sc: Scenario, sessions: List[Session], bar, storage_pages: Optional[int] = None,
+                 eviction: str = "leaves_first") -> "Run":
         device_pages, host_pages, working = tier_pages(sc, self.a.page_size)
         storage_pages = storage_pages or working + 64
         store = cache = None
@@ -218,16 +223,37 @@ class Bench:
                     shutil.rmtree(d, ignore_errors=True)
                 else:
                     os.remove(f)
-        s = summarize(results, wall)
-        warm = [r.ttft_s for r in results if r.turn > 0]
-        s["warm_ttft_p50_s"] = percentile(warm, 50)
-        s["warm_ttft_p99_s"] = percentile(warm, 99)
-        if cache is not None:
-            s["cache"] = cache_stats
-        s["tiers"] = {"device_pages": device_pages, "host_pages": host_pages,
-                      "storage_pages": store.capacity_pages if store is not None else 0,
-                      "working_set_pages": working}
-        return s, {(r.session, r.turn): r.first_token for r in results}
+        tiers = {"device_pages": device_pages, "host_pages": host_pages,
+                 "storage_pages": store.capacity_pages if store is not None else 0, "working_set_pages": working}
+        return Run(results, wall, cache_stats if cache is not None else None, tiers)
+
+
+@dataclass
+class Run:
+    results: list
+    wall: float
+    cache: Optional[Dict[str, object]]
+    tiers: Dict[str, int]
+
+    @property
+    def firsts(self) -> Dict[tuple, int]:
+        return {(r.session, r.turn): r.first_token for r in self.results}
+
+
+def summarize_runs(runs: List[Run]) -> Tuple[Dict[str, object], Dict[tuple, int]]:
+    """Repeated runs of one path as one sample: percentiles over every request, throughput over
+    the summed wall time, and each run's p50 to show the spread."""
+    results = [r for run in runs for r in run.results]
+    s = summarize(results, sum(run.wall for run in runs))
+    warm = [r.ttft_s for r in results if r.turn > 0]
+    s["warm_ttft_p50_s"] = percentile(warm, 50)
+    s["warm_ttft_p99_s"] = percentile(warm, 99)
+    s["repeats"] = len(runs)
+    s["ttft_p50_s_each_run"] = [percentile([r.ttft_s for r in run.results], 50) for run in runs]
+    if runs[-1].cache is not None:
+        s["cache"] = runs[-1].cache
+    s["tiers"] = runs[-1].tiers
+    return s, runs[0].firsts
 
 
 def ratios(per_path: Dict[str, Dict[str, object]]) -> Dict[str, float]:
@@ -253,6 +279,7 @@ def markdown(report: Dict[str, object]) -> str:
     out = [f"# TTFT benchmark ({report['model']} model on {report['device']}, page {report['page_size']} tokens = "
            f"{report['page_bytes']} bytes: {report['kv_bytes_per_token']} KV bytes/token moved, of which the "
            f"model's own {report['model_kv_bytes_per_token']})", "",
+           f"Each path ran {report.get('repeat', 1)} time(s), in alternating order; percentiles pool every request.", "",
            "| scenario | path | reqs | TTFT p50 ms | TTFT p99 ms | warm p50 ms | req/s | reused | reused from |",
            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, sc in report["scenarios"].items():
@@ -354,6 +381,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="KV bytes each tier moves per token (ballast after the model's own ~1 KiB; 0: the model's)")
     ap.add_argument("--prefetch-window", type=int, default=1, help="queued requests prefetched ahead (radixtier)")
     ap.add_argument("--quick", action="store_true", help="shorter contexts and fewer requests")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each path, in alternating order, pooled into one sample (this machine is noisy)")
     ap.add_argument("--no-capacity-run", action="store_true", help="skip the capacity-bounded eviction comparison")
     ap.add_argument("--only-capacity-run", action="store_true", help="run only the capacity-bounded comparison")
     ap.add_argument("--workdir", default=None, help="where the namespaces go (default: the temp dir)")
@@ -368,22 +397,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     scs = [] if a.only_capacity_run else scenarios(a.quick)
     caps = capacity_cases(a.quick)
     loads = {sc.name: workload(sc) for sc in scs}
-    total = sum(len(PATHS) * sum(len(s) for s in loads[sc.name]) for sc in scs)
+    if a.repeat < 1:
+        ap.error(f"--repeat: expected a positive integer, got {a.repeat}")
+    total = a.repeat * sum(len(PATHS) * sum(len(s) for s in loads[sc.name]) for sc in scs)
     if not a.no_capacity_run:
-        total += 2 * sum(len(s) for c in caps for s in c.sessions)
+        total += a.repeat * 2 * sum(len(s) for c in caps for s in c.sessions)
     report: Dict[str, object] = {"model": a.model, "device": b.device, "page_size": a.page_size,
                                  "page_bytes": b.page_bytes, "kv_bytes_per_token": b.kv_bytes_per_token,
                                  "model_kv_bytes_per_token": b.model.kv_bytes_per_token,
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "seeds": SEEDS, "scenarios": {}}
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "seeds": SEEDS, "repeat": a.repeat,
+                                 "scenarios": {}}
     report["workdir_filesystem"] = filesystem_of(b.work)
     wrong: List[str] = []
     bar = tqdm(total=total, desc="ttft", unit="req", file=sys.stderr)
     try:
         for sc in scs:
+            runs: Dict[str, List[Run]] = {p: [] for p in PATHS}
+            for rep in range(a.repeat):  # alternate the order, so drift on this machine hits every path alike
+                for p in (PATHS if rep % 2 == 0 else PATHS[::-1]):
+                    bar.set_postfix_str(f"{sc.name} / {p}")
+                    runs[p].append(b.run_once(p, sc, loads[sc.name], bar))
             per_path, firsts = {}, {}
             for p in PATHS:
-                bar.set_postfix_str(f"{sc.name} / {p}")
-                per_path[p], firsts[p] = b.run_path(p, sc, loads[sc.name], bar)
+                per_path[p], firsts[p] = summarize_runs(runs[p])
+                if any(run.firsts != firsts[p] for run in runs[p]):
+                    wrong.append(f"{sc.name}/{p}: first tokens differ between repeats")
             same = {p: sum(firsts[p][k] == v for k, v in firsts["recompute"].items()) for p in PATHS[1:]}
             for p in PATHS[1:]:
                 if same[p] != len(firsts["recompute"]):
@@ -395,11 +433,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             report["capacity_bounded"] = {}
             for c in caps:
                 storage = int(c.unique_pages(a.page_size) * c.storage_fraction)
+                raw: Dict[str, List[Run]] = {"leaves_first": [], "lru": []}
+                for rep in range(a.repeat):
+                    for ev in (("leaves_first", "lru") if rep % 2 == 0 else ("lru", "leaves_first")):
+                        bar.set_postfix_str(f"{c.scenario.name} / {ev}")
+                        raw[ev].append(b.run_once("radixtier", c.scenario, c.sessions, bar, storage_pages=storage,
+                                                  eviction=ev))
                 runs, firsts = {}, {}
-                for ev in ("leaves_first", "lru"):
-                    bar.set_postfix_str(f"{c.scenario.name} / {ev}")
-                    runs[ev], firsts[ev] = b.run_path("radixtier", c.scenario, c.sessions, bar,
-                                                      storage_pages=storage, eviction=ev)
+                for ev, rs in raw.items():
+                    runs[ev], firsts[ev] = summarize_runs(rs)
+                    if any(run.firsts != firsts[ev] for run in rs):
+                        wrong.append(f"{c.scenario.name}/{ev}: first tokens differ between repeats")
                 if firsts["leaves_first"] != firsts["lru"]:  # what is reused differs; the answers must not
                     wrong.append(f"{c.scenario.name}: first tokens differ between leaves_first and lru")
                 report["capacity_bounded"][c.scenario.name] = {
