@@ -23,6 +23,7 @@ write batch (longer `write_timeout_s`) never switches lookups off.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -87,10 +88,10 @@ class RedisIndexConfig:
         for name in ("lookup_timeout_s", "connect_timeout_s", "heartbeat_s", "node_ttl_s", "backoff_initial_s",
                      "backoff_max_s", "gc_interval_s"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
                 raise ValueError(f"{name}: expected a positive number of seconds, got {v!r}")
         w = self.write_timeout_s
-        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or w <= 0):
+        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 < w < math.inf):
             raise ValueError(f"write_timeout_s: expected a positive number of seconds or None, got {w!r}")
         if self.cluster:
             self._validate_cluster_url()
@@ -485,36 +486,44 @@ class RedisPrefixIndex:
         if fn is None:
             return
         held = [(bytes(root), bytes(key), rec) for root, key, rec in fn()]
-        self._remove_stale({key: root for root, key, _ in held})
+        saved = self._reconcile_owned({key for _, key, _ in held})
+        # A page keeps the root it was published under: lookups ask there (a trailing sidecar window's
+        # root is its sequence's first page, which the store's parent links cannot show).
+        held = [(saved.get(key, root), key, rec) for root, key, rec in held]
         if held:
             self._count("republished", len(held))
             self._enqueue([("pub", entry) for entry in held])
 
-    def _remove_stale(self, held: Dict[bytes, bytes], batch: int = 1000) -> None:
-        """Delete our records of pages the store no longer holds: their unpublish may have been dropped."""
+    def _reconcile_owned(self, held: set, batch: int = 1000) -> Dict[bytes, bytes]:
+        """Roots of our records for pages the store still holds; records of the pages it no longer
+        holds are deleted (their unpublish may have been dropped from a full queue)."""
         me, owned = self.node_id, self._owned_key(self.node_id)
         items = self._writer.call(lambda c: list(c.hscan_iter(owned, count=batch)))
-        stale = [(_text(k), _text(r)) for k, r in items if self._held_root(held, _text(k)) != _text(r)]
+        saved: Dict[bytes, bytes] = {}
+        stale: List[Tuple[str, str]] = []
+        for k, r in items:
+            key_hex, root_hex = _text(k), _text(r)
+            try:
+                key, root = bytes.fromhex(key_hex), bytes.fromhex(root_hex)
+            except ValueError:
+                key = root = b""
+            if key in held:
+                saved[key] = root
+            else:
+                stale.append((key_hex, root_hex))
         for i in range(0, len(stale), batch):
             def run(client, chunk=stale[i:i + batch]):
                 pipe = self._pipeline(client)
                 for key_hex, root_hex in chunk:
                     pipe.hdel(f"{self._prefix}:{{{root_hex}}}:p:{key_hex}", me)
-                    pipe.hdel(owned, key_hex)  # a page still held under another root is re-added by its publish
+                    pipe.hdel(owned, key_hex)
                 return pipe.execute()
 
             self._writer.call(run)
         if stale:
             self._count("stale_removed", len(stale))
             log.info("radixtier: removed %d index records of pages this node no longer holds", len(stale))
-
-    @staticmethod
-    def _held_root(held: Dict[bytes, bytes], key_hex: str) -> Optional[str]:
-        try:
-            root = held.get(bytes.fromhex(key_hex))
-        except ValueError:
-            return None
-        return root.hex() if root is not None else None
+        return saved
 
     def _drain(self, batch: int = 2000) -> None:
         while True:

@@ -194,6 +194,9 @@ def test_tls_rediss_url(tmp_path):
     ("node_id", "a:b", "node_id"),
     ("lookup_timeout_s", 0, "lookup_timeout_s"),
     ("write_timeout_s", -1, "write_timeout_s"),
+    ("lookup_timeout_s", float("nan"), "lookup_timeout_s"),
+    ("heartbeat_s", float("inf"), "heartbeat_s"),
+    ("write_timeout_s", float("nan"), "write_timeout_s"),
     ("node_ttl_s", 0.1, "node_ttl_s"),
     ("namespace", "x{y}", "namespace"),
 ])
@@ -388,6 +391,25 @@ def test_restart_removes_records_of_pages_no_longer_held(redis_server):
     assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 3)
     raw, owned = _raw_keys(redis_server.url, "node-a")
     assert sorted(raw.hkeys(owned)) == sorted(key.hex().encode() for key in keys[:3])
+    a2.close(), b.close()
+
+
+def test_republish_keeps_the_root_a_page_was_published_under(redis_server):
+    """A trailing sidecar window is published under its sequence's first page, a root the store's
+    parent links cannot show: a restart must not move (or delete) those records."""
+    seq_root, window = k(650), [k(651 + i) for i in range(3)]
+    a = index(redis_server.url, "node-a")
+    a.publish(seq_root, window, [rec("node-a", i) for i in range(3)])
+    assert a.flush()
+    a._stop.set()
+    a._worker.join()
+    a2 = index(redis_server.url, "node-a")
+    a2.set_republisher(lambda: iter([(window[0], key, rec("node-a", i)) for i, key in enumerate(window)]))
+    assert wait_for(lambda: a2.counters["republished"] == 3)
+    assert a2.flush()
+    b = index(redis_server.url, "node-b")
+    assert wait_for(lambda: len(b.lookup(seq_root, window)) == 3)  # still found where lookups ask
+    assert a2.counters["stale_removed"] == 0
     a2.close(), b.close()
 
 
