@@ -473,7 +473,7 @@ def filesystem_of(path: str) -> str:
         for line in f:
             parts = line.split()
             mnt = parts[1]
-            if os.path.abspath(path).startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
+            if os.path.join(os.path.abspath(path), "").startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
                 best, fstype = mnt, parts[2]
     return fstype
 

@@ -186,8 +186,10 @@ class TieredKVCache:
             self._cleaner.start()
 
     # ======================================================================== serving API
-    def match(self, tokens) -> MatchResult:
-        """Longest cached prefix with its per-tier split; starts no transfer and takes no lock on pages."""
+    def match(self, tokens, beyond_memory: bool = True) -> MatchResult:
+        """Longest cached prefix with its per-tier split; starts no transfer and takes no lock on pages.
+        beyond_memory=False stops at what the tree knows (no tier-3 or index lookup): cheap enough
+        for the serving path."""
         arr = as_token_array(tokens)
         ps = self.config.page_size
         with self._lock:
@@ -197,6 +199,9 @@ class TieredKVCache:
             res.device_tokens = up.pages_in(Tier.DEVICE) * ps
             res.host_tokens = up.pages_in(Tier.HOST) * ps
             res.storage_tokens = up.pages_in(Tier.STORAGE) * ps
+            if not beyond_memory:
+                res.prefix_tokens = res.device_tokens + res.host_tokens + res.storage_tokens
+                return res
             done = up.num_pages
             tail = self._tail_keys(m, arr, done)
             s = self.store.leading_run(tail) if (self.store is not None and tail) else 0
@@ -237,8 +242,10 @@ class TieredKVCache:
                         if not self._start_promotion(h, [chunk], Tier.STORAGE):
                             return self._finish_plan(h)
                 else:
-                    self._maybe_write_through_hot(node)
                     self._plan(h, node, tier)
+                    if self._is_hot(node):
+                        self._finish_plan(h)  # its backup takes host room: the plan so far must stay
+                        self._maybe_write_through_hot(node)
             done = h.planned_pages
             # Nodes another request is already promoting: wait on its transfer rather than repeating it.
             offset = 0
@@ -286,7 +293,9 @@ class TieredKVCache:
         with self._lock:
             m = self.tree.match(arr[:total * ps])
             # Making room may evict a descendant of the matched path, and pruning that victim
-            # must not take the (still empty) nodes this insert is filling or extending.
+            # must not take the (still empty) nodes this insert is filling or extending. Not a
+            # lock: the prefix may still spill down a tier to make room (it stays reachable),
+            # where locking it would refuse the insert whenever the memory tiers are tight.
             anchor = m.nodes[-1] if m.nodes else None
             if anchor is not None:
                 anchor.filling += 1

@@ -56,20 +56,22 @@ def _workloads(a: argparse.Namespace) -> Dict[str, list]:
     }
 
 
-def tier_sizes(sessions: list, page_size: int) -> Tuple[int, int, int]:
-    """(device, host, working set) pages for one workload: each memory tier holds two of the
-    longest requests (the running one and the one prefetched behind it) with room to spare, or
-    a quarter of the working set, whichever is more; the rest lives only in tier 3."""
+def tier_sizes(sessions: list, page_size: int) -> Tuple[int, int]:
+    """(pages per memory tier, working set pages) for one workload: each of device and host holds
+    two of the longest requests (the running one and the one prefetched behind it) with room to
+    spare, or a quarter of the working set, whichever is more; the rest lives only in tier 3."""
     pages = set()
     longest = 0
     for session in sessions:
         for req in session:
             n = len(req.tokens) // page_size
             longest = max(longest, n)
-            pages.update(tuple(req.tokens[:(i + 1) * page_size]) for i in range(n))
+            link = None
+            for i in range(n):  # a page is its tokens plus everything before it: chain the identities
+                link = hash((link, tuple(req.tokens[i * page_size:(i + 1) * page_size])))
+                pages.add(link)
     working = len(pages)
-    per_tier = max(2 * longest + 16, working // 4)
-    return per_tier, per_tier, working
+    return max(2 * longest + 16, working // 4), working
 
 
 def _fmt_tiers(hits: Dict[str, int]) -> str:
@@ -110,7 +112,7 @@ def run_demo(a: argparse.Namespace) -> int:
     bar = tqdm(total=total, desc="serving", unit="req", file=sys.stderr)
     try:
         for wname, sessions in workloads.items():
-            auto, _, working = tier_sizes(sessions, a.page_size)
+            auto, working = tier_sizes(sessions, a.page_size)
             device_pages, host_pages = a.device_pages or auto, a.host_pages or auto
             tqdm.write(f"{wname}: working set {working} pages; device {device_pages}, host {host_pages} pages",
                        file=sys.stderr)

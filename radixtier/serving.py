@@ -86,7 +86,7 @@ class TieredPath:
     def load(self, ctx, tokens: List[int]) -> Loaded:
         ps = self.cache.config.page_size
         h = ctx if ctx is not None else self.cache.prefetch(tokens)
-        if ctx is not None and self.cache.match(tokens).prefix_tokens > h.planned_pages * ps:
+        if ctx is not None and self.cache.match(tokens, beyond_memory=False).prefix_tokens > h.planned_pages * ps:
             # Requests that ran while this one waited cached more of its prefix (a shared system
             # prompt, say): plan again at schedule time, as SGLang's scheduler matches then.
             fresh = self.cache.prefetch(tokens)  # joins the old plan's in-flight promotions

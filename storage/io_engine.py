@@ -9,6 +9,7 @@ while the kernel works.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import logging
 import mmap
 import os
@@ -121,6 +122,8 @@ def uring_unusable_reason() -> Optional[str]:
     """
     global _probe_result
     with _probe_lock:
+        if _probe_result is None and importlib.util.find_spec("liburing") is None:
+            _probe_result = "the liburing package is not installed (pip install 'radixtier[uring]')"
         if _probe_result is None:
             try:
                 out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)

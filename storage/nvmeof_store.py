@@ -265,24 +265,25 @@ class NvmeofPageStore:
     def _claim_partition(self) -> None:
         st = os.fstat(self._t.fd)
         key = (st.st_dev, st.st_ino, self.partition) if not self._t.is_block else (st.st_rdev, 0, self.partition)
-        with _OPEN_LOCK:
+        with _OPEN_LOCK:  # reserved first, so the wait below holds up no other open in this process
             if key in _OPEN_PARTITIONS:
                 raise RuntimeError(f"partition {self.partition} of {self.path} is already open in this process")
-            # Open-file-description lock: another process holding this partition makes this fail. A
-            # predecessor killed with -9 can hold it a moment longer (the kernel tears down its
-            # io_uring asynchronously), so a restart waits briefly before calling it a conflict.
-            deadline = time.monotonic() + _LOCK_GRACE_S
-            while True:
-                try:
-                    fcntl.fcntl(self._t.fd, fcntl.F_OFD_SETLK, _flock_struct(BLOCK + self.partition))
-                    break
-                except OSError as exc:
-                    if time.monotonic() >= deadline:
-                        raise RuntimeError(f"partition {self.partition} of {self.path} is open in another "
-                                           f"process ({exc.strerror}); give each node its own partition") from None
-                    time.sleep(0.05)
             _OPEN_PARTITIONS[key] = self.path
             self._lock_key = key
+        # Open-file-description lock: another process holding this partition makes this fail. A
+        # predecessor killed with -9 can hold it a moment longer (the kernel tears down its
+        # io_uring asynchronously), so a restart waits briefly before calling it a conflict.
+        deadline = time.monotonic() + _LOCK_GRACE_S
+        while True:
+            try:
+                fcntl.fcntl(self._t.fd, fcntl.F_OFD_SETLK, _flock_struct(BLOCK + self.partition))
+                return
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    self._release_partition()
+                    raise RuntimeError(f"partition {self.partition} of {self.path} is open in another "
+                                       f"process ({exc.strerror}); give each node its own partition") from None
+                time.sleep(0.05)
 
     def _release_partition(self) -> None:
         with _OPEN_LOCK:
@@ -416,7 +417,7 @@ class NvmeofPageStore:
             raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         if parents is not None and len(parents) != len(keys):
             raise ValueError(f"put: {len(keys)} keys but {len(parents)} parents")
-        parent_keys = [None if parents is None or p is None else _check_key(p) for p in (parents or keys)]
+        parent_keys = [None] * len(keys) if parents is None else [None if p is None else _check_key(p) for p in parents]
         segs = [_segments(b) for b in buffers]
         for k, sg in zip(keys, segs):
             n = sum(s.nbytes for s in sg)

@@ -258,13 +258,12 @@ class RadixTierStorage(HiCacheStorage):
     def _each_pool(self, op: str, transfers: List[PoolTransfer], extra_info, fn) -> Dict[str, List[bool]]:
         """One guarded call per pool: a pool holding every page of the prefix continues the KV
         chain; a trailing window starts its own (its prefix pages are not in that pool)."""
-        prefix = self._prefix_keys(extra_info)
         out: Dict[str, List[bool]] = {}
         for t in transfers:
             name, keys = str(t.name), t.keys or []
-            continues = t.hit_policy == PoolHitPolicy.ALL_PAGES
-            out[name] = self._guard(f"{op}[{name}]", len(keys), lambda name=name, keys=keys, t=t, c=continues: fn(
-                name, self._pool(name), keys, t.host_indices, prefix, self._interface_of(name), c))
+            out[name] = self._guard(f"{op}[{name}]", len(keys), lambda name=name, keys=keys, t=t: fn(
+                name, self._pool(name), keys, t.host_indices, self._prefix_keys(extra_info),
+                self._interface_of(name), t.hit_policy == PoolHitPolicy.ALL_PAGES))
         return out
 
     def _interface_of(self, pool_name: str) -> str:
