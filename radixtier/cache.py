@@ -243,9 +243,9 @@ class TieredKVCache:
                             return self._finish_plan(h)
                 else:
                     self._plan(h, node, tier)
-                    if self._is_hot(node):
+                    if self._is_hot(node):  # write_through_selective: copy it down now
                         self._finish_plan(h)  # its backup takes host room: the plan so far must stay
-                        self._maybe_write_through_hot(node)
+                        self._backup(node, to_storage=True)
             done = h.planned_pages
             # Nodes another request is already promoting: wait on its transfer rather than repeating it.
             offset = 0
@@ -656,11 +656,6 @@ class TieredKVCache:
         if write_through:
             self._write_storage(node)
         return True
-
-    def _maybe_write_through_hot(self, node: Node) -> None:
-        if (self.config.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE
-                and node.hits >= self.config.write_through_threshold):
-            self._backup(node, to_storage=True)
 
     def _is_hot(self, node: Node) -> bool:
         return (self.config.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE

@@ -131,7 +131,7 @@ def _size(name: str, raw: Any) -> int:
     """4096, '256KiB', '4MiB', '2TB' -> bytes."""
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
-    if not isinstance(raw, (str, float)) or isinstance(raw, bool):
+    if not isinstance(raw, (str, float)):
         raise ConfigError(f"{name}: expected a size in bytes (e.g. 4096 or '10GiB'), got {raw!r}")
     try:
         return parse_size(raw)
