@@ -32,7 +32,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
     from radixtier.storage.inspect import inspect_namespace
 
-    bar = tqdm(desc="verify", unit="page", file=sys.stderr, disable=not a.verify)
+    bar = tqdm(desc="verify", unit="page", file=sys.stderr, disable=not a.verify, delay=0.5)  # silent if quick
     try:
         rep = inspect_namespace(a.path, verify=a.verify, progress=bar.update)
     finally:
@@ -45,8 +45,16 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
           f"{rep['used']} used ({100 * rep['used'] / max(1, rep['slots']):.1f}%)")
     print(f"  {'partition':>9s} {'slots':>8s} {'used':>8s}  owner (state)")
     for p in rep["partitions"]:
-        state = "-" if p["clean"] is None else ("clean" if p["clean"] else "open or crashed")
-        print(f"  {p['partition']:9d} {p['slots']:8d} {p['used']:8d}  {p['owner'] or '-'} ({state})")
+        if p["clean"] is None:
+            state = "never opened"
+        elif p["clean"]:
+            state = "closed cleanly"
+        elif p["held"]:
+            state = f"held, lease expires in {p['expires_in_s']} s unless renewed"
+        else:
+            state = "lease expired: its holder stopped without closing"
+        who = f"{p['owner']} on {p['host']} pid {p['pid']}" if p["owner"] else "-"
+        print(f"  {p['partition']:9d} {p['slots']:8d} {p['used']:8d}  {who} ({state})")
     if rep["verified"]:
         print(f"  errors: {len(rep['errors'])}")
         for e in rep["errors"][:20]:
@@ -93,7 +101,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         return a.fn(a)
-    except (ValueError, FileNotFoundError, RuntimeError, PermissionError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:  # one line, never a traceback, for what an operator can fix
         print(f"radixtier {a.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -11,17 +11,32 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 pip() { .venv/bin/python -m pip "$@"; }
+apt_install() {  # apt_install PACKAGE... : installs what is missing, or says what could not be installed
+  command -v apt-get >/dev/null 2>&1 || { echo "setup: please install: $*" >&2; return 1; }
+  local SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "$@" >/dev/null; } \
+    || { echo "setup: could not install $* with apt-get" >&2; return 1; }
+}
+# liburing's headers build radixtier's io_uring engine (storage/_uring.c); without them the page
+# store uses its preadv/pwritev thread pool instead (and says so when it opens).
+if [ ! -f /usr/include/liburing.h ]; then
+  apt_install liburing-dev || echo "setup: building without the io_uring engine" >&2
+fi
 stamp=.venv/.radixtier-setup
 if [ ! -f "$stamp.base" ]; then
   pip install -q --upgrade pip
   # torch 2.14.1 matches sglang 0.5.23 (on these machines it installs from local disk)
   pip install -q torch==2.14.1
-  pip install -q -e '.[demo,uring]'
+  pip install -q -e '.[demo]'
   touch "$stamp.base"
+fi
+# (re)build the io_uring extension when its source is newer than the built module, or it is missing
+if [ -f /usr/include/liburing.h ] && { ! ls storage/_uring*.so >/dev/null 2>&1 || [ storage/_uring.c -nt "$(ls storage/_uring*.so | head -1)" ]; }; then
+  pip install -q --no-build-isolation -e '.[demo]'
 fi
 if [ "$want_test" = 1 ]; then
   if [ ! -f "$stamp.test" ]; then
-    pip install -q -e '.[test,demo,uring]'
+    pip install -q -e '.[test,demo]'
     pip install -q torchvision==0.29.1 -r requirements/sglang-cpu.txt
     pip install -q --no-deps sglang==0.5.23
     touch "$stamp.test"
@@ -30,12 +45,7 @@ if [ "$want_test" = 1 ]; then
   command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
   command -v fio >/dev/null 2>&1 || missing="$missing fio"
   if [ -n "$missing" ]; then
-    if command -v apt-get >/dev/null 2>&1; then
-      SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-      { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q $missing >/dev/null; } \
-        || { echo "setup: could not install$missing with apt-get (the Redis and bandwidth tests need them)" >&2; exit 1; }
-    else
-      echo "setup: please install:$missing" >&2
-    fi
+    # shellcheck disable=SC2086
+    apt_install $missing || { echo "setup: the Redis and bandwidth tests need:$missing" >&2; exit 1; }
   fi
 fi

@@ -1,25 +1,23 @@
 """Parallel positional I/O for the page store: a thread pool of preadv/pwritev, or io_uring.
 
 Both keep up to `queue_depth` I/Os in flight, which is what turns one NVMe-oF namespace's
-bandwidth into usable bandwidth (a serial reader gets a fraction of it). io_uring comes from
-the `liburing` package; its completion wait is done on an eventfd so the GIL is released
-while the kernel works.
+bandwidth into usable bandwidth (a serial reader gets a fraction of it). io_uring is
+radixtier's own small extension over the system liburing (storage/_uring.c); where it was not
+built, or the kernel refuses io_uring, `auto` uses the thread pool and logs why.
 """
 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import logging
 import mmap
 import os
-import signal
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
+
+from radixtier.storage.validate import positive_int
 
 log = logging.getLogger("radixtier.storage.io")
 
@@ -80,8 +78,7 @@ class ThreadPoolIO:
     name = "threads"
 
     def __init__(self, queue_depth: int = 16) -> None:
-        if queue_depth <= 0:
-            raise ValueError(f"queue_depth: expected a positive integer, got {queue_depth!r}")
+        positive_int("queue_depth", queue_depth, 4096)
         self.queue_depth = queue_depth
         self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix="radixtier-pio")
 
@@ -101,55 +98,48 @@ class ThreadPoolIO:
         self._pool.shutdown(wait=True)
 
 
-_PROBE = """
-import liburing as L
-r = L.Ring()
-rc = L.io_uring_queue_init(4, r, 0)
-if rc not in (0, None):
-    raise SystemExit(f"io_uring_queue_init: errno {-rc}")
-L.io_uring_queue_exit(r)
-"""
-_probe_lock = threading.Lock()
-_probe_result: Optional[str] = None  # None: not probed yet; "": usable; else why not
+_uring_reason: Optional[str] = None  # None: not checked yet; "": usable; else why not
+_uring_lock = threading.Lock()
 
 
 def uring_unusable_reason() -> Optional[str]:
-    """Why io_uring cannot be used in this process, or None when it can.
+    """Why the io_uring engine cannot be used in this process, or None when it can.
 
-    PyPI's liburing wheels are built for CPUs with AVX-512 and die with SIGILL elsewhere, a
-    signal Python cannot catch; so the package is tried once in a child process before this
-    process touches it, and a crash there becomes a logged fallback instead of a dead server.
+    The engine is radixtier's own extension (storage/_uring.c over the system liburing, built by
+    the normal install): it is compiled for this machine, so unlike PyPI's `liburing` wheels
+    (AVX-512 only, and leaking a buffer export per I/O) it cannot die with SIGILL. What remains
+    is whether it was built (liburing-dev present at install) and whether the kernel or a
+    sandbox's seccomp policy lets this process create a ring.
     """
-    global _probe_result
-    with _probe_lock:
-        if _probe_result is None and importlib.util.find_spec("liburing") is None:
-            _probe_result = "the liburing package is not installed (pip install 'radixtier[uring]')"
-        if _probe_result is None:
+    global _uring_reason
+    with _uring_lock:
+        if _uring_reason is None:
             try:
-                out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                _probe_result = f"the liburing probe could not run ({exc})"
+                from radixtier.storage import _uring
+            except ImportError as exc:
+                _uring_reason = (f"radixtier's io_uring extension is not built ({exc}); install liburing-dev "
+                                 f"and reinstall radixtier (bash scripts/setup.sh)")
             else:
-                if out.returncode == 0:
-                    _probe_result = ""
-                elif out.returncode < 0:
-                    name = signal.Signals(-out.returncode).name
-                    _probe_result = (f"liburing crashed with {name} in a probe process (its wheel needs CPU "
-                                     f"features this machine lacks, e.g. AVX-512)")
-                else:
-                    tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-                    _probe_result = f"liburing is not usable here: {tail}"
-        return _probe_result or None
+                try:
+                    _uring.Ring(2).close()
+                    _uring_reason = ""
+                except OSError as exc:
+                    _uring_reason = f"the kernel refused an io_uring instance: {exc.strerror or exc}"
+        return _uring_reason or None
 
 
 class UringIO:
-    """io_uring readv/writev, one ring per calling thread, up to `queue_depth` in flight per ring."""
+    """io_uring readv/writev, one ring per calling thread, up to `queue_depth` in flight per ring.
+
+    Submission, the completion wait (GIL released) and reaping run in C; Python runs only the
+    caller's per-completion callback (e.g. CRC verification, overlapped with the I/O still in
+    flight). Each caller buffer is exported exactly while the kernel may use it.
+    """
 
     name = "io_uring"
 
     def __init__(self, queue_depth: int = 16) -> None:
-        if queue_depth <= 0:
-            raise ValueError(f"queue_depth: expected a positive integer, got {queue_depth!r}")
+        positive_int("queue_depth", queue_depth, 4096)
         reason = uring_unusable_reason()
         if reason:
             raise OSError(errno.ENOSYS, reason)  # tells make_engine to fall back
@@ -160,106 +150,42 @@ class UringIO:
         self._ring()  # fail now, not on the first read, if the kernel refuses io_uring
 
     def _ring(self):
-        import liburing as L
+        from radixtier.storage import _uring
 
-        st = getattr(self._local, "state", None)
-        if st is None:
-            ring, cqe = L.Ring(), L.Cqe()
-            rc = L.io_uring_queue_init(self.queue_depth, ring, 0)
-            if rc not in (0, None):
-                raise OSError(-rc, f"io_uring_queue_init failed: {os.strerror(-rc)}")
-            efd = os.eventfd(0, os.EFD_CLOEXEC)
-            L.io_uring_register_eventfd(ring, efd)
-            st = (ring, cqe, efd)
-            self._local.state = st
+        ring = getattr(self._local, "ring", None)
+        if ring is None or ring.closed:  # torn down after a failed submission: start a new one
+            ring = _uring.Ring(min(self.queue_depth, 4096))
+            self._local.ring = ring
             with self._lock:
-                self._rings.append(st)
-        return st
+                self._rings.append(ring)
+        return ring
 
     def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None) -> List[int]:
         """Bytes moved (or -errno) per op; on_done(i, result) runs as each op completes, while the
         rest are still in flight (so callers can verify data under the remaining I/O)."""
-        import liburing as L
+        ring = self._ring()
+        short: List[int] = []
 
-        ring, cqe, efd = self._ring()
-        self._local.batch = batch = (getattr(self._local, "batch", 0) + 1) & 0xFFFFFFFF
-        results = [0] * len(ops)
-        keep = {}  # iovecs must outlive their I/O
-        state = {"next": 0, "inflight": 0}
+        def landed(i: int, r: int) -> None:
+            if 0 <= r < ops[i].nbytes:
+                short.append(i)  # finished below
+            elif on_done is not None:
+                on_done(i, r)
 
-        def top_up() -> None:
-            while state["next"] < len(ops) and state["inflight"] < self.queue_depth:
-                sqe = L.io_uring_get_sqe(ring)
-                if sqe is None:
-                    break
-                i = state["next"]
-                op = ops[i]
-                iov = L.Iovec(list(op.bufs))
-                keep[i] = iov
-                (L.io_uring_prep_writev if op.write else L.io_uring_prep_readv)(sqe, op.fd, iov, op.offset)
-                L.io_uring_sqe_set_data64(sqe, (batch << 32) | i)
-                state["next"] += 1
-                state["inflight"] += 1
-            L.io_uring_submit(ring)
-
-        try:
-            top_up()
-            while state["inflight"]:
-                os.eventfd_read(efd)  # blocks without the GIL until at least one completion
-                done = self._reap(ring, cqe, batch, results, keep)
-                state["inflight"] -= len(done)
-                top_up()  # refill the queue before spending time on the finished ones
-                if on_done is not None:
-                    for i in done:
-                        if results[i] < 0 or results[i] >= ops[i].nbytes:  # short ones finish below
-                            on_done(i, results[i])
-        finally:
-            while state["inflight"] > 0:  # never leave completions behind for the next call on this ring
-                try:
-                    os.eventfd_read(efd)
-                    state["inflight"] -= len(self._reap(ring, cqe, batch, results, keep))
-                except OSError:
-                    break
-        for i, op in enumerate(ops):  # finish short transfers synchronously (rare: EOF, signals)
-            if 0 <= results[i] < op.nbytes:
-                rest = IOOp(op.write, op.fd, op.offset + results[i], _advance(op.bufs, results[i]))
-                more = _run_one(rest)
-                results[i] = results[i] + more if more >= 0 else more
-                if on_done is not None:
-                    on_done(i, results[i])
+        results = ring.run([(op.write, op.fd, op.offset, op.bufs) for op in ops], landed)
+        for i in short:  # finish short transfers synchronously (rare: EOF, signals)
+            op = ops[i]
+            rest = IOOp(op.write, op.fd, op.offset + results[i], _advance(op.bufs, results[i]))
+            more = _run_one(rest) if rest.bufs else 0
+            results[i] = results[i] + more if more >= 0 else more
+            if on_done is not None:
+                on_done(i, results[i])
         return results
 
-    @staticmethod
-    def _reap(ring, cqe, batch: int, results: List[int], keep: dict) -> List[int]:
-        """Consume ready completions of this batch; returns their op indexes."""
-        import liburing as L
-
-        done: List[int] = []
-        while True:
-            try:
-                if L.io_uring_peek_cqe(ring, cqe) != 0:
-                    return done
-            except BlockingIOError:  # no completion ready
-                return done
-            tag = L.io_uring_cqe_get_data64(cqe[0])
-            res = cqe[0].res
-            L.io_uring_cqe_seen(ring, cqe[0])
-            if tag >> 32 != batch:
-                continue  # a stale completion from an earlier, aborted call
-            i = tag & 0xFFFFFFFF
-            results[i] = res
-            keep.pop(i, None)
-            done.append(i)
-
     def close(self) -> None:
-        import liburing as L
-
         with self._lock:
-            for ring, _cqe, efd in self._rings:
-                try:
-                    L.io_uring_queue_exit(ring)
-                finally:
-                    os.close(efd)
+            for ring in self._rings:
+                ring.close()
             self._rings.clear()
 
 

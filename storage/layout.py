@@ -1,7 +1,7 @@
-"""On-device format of a radixtier namespace: superblock, owner table, slot table, page slots.
+"""On-device format of a radixtier namespace: superblock, partition leases, slot table, page slots.
 
     block 0         superblock (magic, version, uuid, page bytes, slot geometry, crc)
-    block 1         owner table: one 64-byte record per partition (node id, clean flag)
+    blocks 1..P     one lease block per partition (holder, heartbeat, expiry, clean flag)
     table_offset    slot table: one 64-byte entry per slot (key, parent, generation, checksum, crc)
     data_offset     slots: [4 KiB header | payload padded to 4 KiB], slot_bytes apart
 
@@ -11,6 +11,9 @@ finish. The slot header repeats key, generation, length and checksum so any read
 node, can prove a slot holds the page it asked for. Every record carries its own CRC-32C, and
 64-byte table entries never straddle a 512-byte sector, so a torn table write damages at
 most the one entry being changed.
+
+Each partition's lease has a block of its own, so opening, renewing or closing one partition
+never reads-modifies-writes another's (version 1 kept all owner flags in one shared block).
 """
 
 from __future__ import annotations
@@ -24,12 +27,11 @@ from typing import Optional
 
 BLOCK = 4096
 SUPERBLOCK_MAGIC = b"RDXTIER\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_BYTES = BLOCK
 ENTRY_BYTES = 64
 ENTRIES_PER_BLOCK = BLOCK // ENTRY_BYTES
-OWNER_BYTES = 64
-MAX_PARTITIONS = BLOCK // OWNER_BYTES
+MAX_PARTITIONS = 64
 KEY_BYTES = 16
 
 _SB = struct.Struct("<8sII16sQQQIQQQ")  # magic, version, flags, uuid, page, slot, slots, parts, table, data, created
@@ -38,13 +40,16 @@ _ENTRY = struct.Struct("<HBBIQ16s16sI8s")  # magic, state, flags, length, genera
 _ENTRY_MAGIC = 0x5452
 _HDR = struct.Struct("<4sHHQIIQ16s16s16s")  # magic, version, flags, generation, length, checksum, slot, key, parent, uuid
 _HDR_MAGIC = b"RTPG"
-_OWNER = struct.Struct("<48sBBHQ")  # node id, state, flags, reserved, opened_at_ns
+# magic, version, state, flags, node id, host, boot id, pid namespace, pid, pid start ticks, token,
+# acquired, renewed, expires
+_LEASE = struct.Struct("<4sHBB48s64s16sQIQ16sQQQ")
+_LEASE_MAGIC = b"RTLS"
 _NO_PARENT = b"\x00" * KEY_BYTES
 
 STATE_FREE = 0
 STATE_USED = 1
-OWNER_CLEAN = 1
-OWNER_DIRTY = 2
+LEASE_CLEAN = 1  # released by a clean close: the table needs no re-check
+LEASE_HELD = 2  # open (or its holder crashed): recovery re-checks slot headers
 
 
 class FormatError(ValueError):
@@ -81,10 +86,10 @@ class Superblock:
         """Largest slot count that fits in total_bytes, each partition a whole number of table blocks."""
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: expected a positive integer, got {page_bytes}")
-        if not 1 <= partitions <= MAX_PARTITIONS:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions: expected 1..{MAX_PARTITIONS}, got {partitions}")
         slot_bytes = HEADER_BYTES + align_up(page_bytes)
-        table_offset = 2 * BLOCK
+        table_offset = (1 + partitions) * BLOCK  # superblock, then one lease block per partition
         per_slot = slot_bytes + ENTRY_BYTES
         raw = max(0, (total_bytes - table_offset - BLOCK) // per_slot)
         unit = ENTRIES_PER_BLOCK * partitions
@@ -111,6 +116,9 @@ class Superblock:
     def slot_offset(self, slot: int) -> int:
         return self.data_offset + slot * self.slot_bytes
 
+    def lease_offset(self, partition: int) -> int:
+        return (1 + partition) * BLOCK
+
     def entry_offset(self, slot: int) -> int:
         return self.table_offset + slot * ENTRY_BYTES
 
@@ -132,7 +140,26 @@ class Superblock:
         magic, version, _flags, raw_uuid, page, slot, slots, parts, table, data, created = _SB.unpack(body)
         if version != FORMAT_VERSION:
             raise FormatError(f"{where}: format version {version}, this radixtier reads version {FORMAT_VERSION}")
-        return Superblock(raw_uuid.hex(), page, slot, slots, parts, table, data, created, version)
+        sb = Superblock(raw_uuid.hex(), page, slot, slots, parts, table, data, created, version)
+        why = sb._geometry_error()
+        if why:
+            raise FormatError(f"{where}: superblock geometry is inconsistent ({why})")
+        return sb
+
+    def _geometry_error(self) -> str:
+        """What is impossible about this geometry ('' if nothing): a CRC-valid superblock can still
+        have been written by a buggy or hostile tool, and every offset below is trusted later."""
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            return f"partitions={self.partitions}"
+        if self.page_bytes <= 0 or self.slot_bytes != HEADER_BYTES + align_up(self.page_bytes):
+            return f"page_bytes={self.page_bytes}, slot_bytes={self.slot_bytes}"
+        if self.slot_count <= 0 or self.slot_count % (ENTRIES_PER_BLOCK * self.partitions):
+            return f"slots={self.slot_count} for {self.partitions} partition(s)"
+        if self.table_offset != (1 + self.partitions) * BLOCK:
+            return f"table_offset={self.table_offset}"
+        if self.data_offset != align_up(self.table_offset + self.slot_count * ENTRY_BYTES):
+            return f"data_offset={self.data_offset}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -193,17 +220,47 @@ class SlotHeader:
 
 
 @dataclass(frozen=True)
-class OwnerRecord:
-    node_id: str
+class LeaseRecord:
+    """Who holds a partition: written with O_DIRECT into the partition's own block and read back.
+
+    `token` is random per open: a holder that reads back someone else's token has lost the
+    partition. `expires_ns` is wall-clock (hosts sharing a namespace must keep clocks in sync,
+    as NTP does, to well under the lease time); `boot_id` and `pid`/`pid_start` let a process on
+    the same host see at once that the previous holder is dead, without waiting for expiry.
+    """
+
     state: int
-    opened_ns: int
+    node_id: str
+    host: str
+    boot_id: bytes
+    pid_ns: int
+    pid: int
+    pid_start: int
+    token: bytes
+    acquired_ns: int
+    renewed_ns: int
+    expires_ns: int
 
     def pack(self) -> bytes:
-        return _OWNER.pack(self.node_id.encode()[:48], self.state, 0, 0, self.opened_ns).ljust(OWNER_BYTES, b"\x00")
+        body = _LEASE.pack(_LEASE_MAGIC, FORMAT_VERSION, self.state, 0, self.node_id.encode()[:48],
+                           self.host.encode()[:64], self.boot_id[:16].ljust(16, b"\x00"), self.pid_ns, self.pid,
+                           self.pid_start, self.token[:16].ljust(16, b"\x00"), self.acquired_ns,
+                           self.renewed_ns, self.expires_ns)
+        return (body + _SB_CRC.pack(checksum(body))).ljust(BLOCK, b"\x00")
 
     @staticmethod
-    def unpack(raw: bytes) -> Optional["OwnerRecord"]:
-        node, state, _f, _r, opened = _OWNER.unpack(raw[:_OWNER.size])
-        if state not in (OWNER_CLEAN, OWNER_DIRTY):
+    def unpack(block: bytes) -> Optional["LeaseRecord"]:
+        """The record, or None for a never-written or damaged block."""
+        body = bytes(block[:_LEASE.size])
+        if len(block) < _LEASE.size + 4 or body[:4] != _LEASE_MAGIC:
             return None
-        return OwnerRecord(node.rstrip(b"\x00").decode(errors="replace"), state, opened)
+        (crc,) = _SB_CRC.unpack_from(bytes(block[_LEASE.size:_LEASE.size + 4]))
+        if crc != checksum(body):
+            return None
+        (_m, version, state, _f, node, host, boot, pid_ns, pid, start, token, acquired, renewed,
+         expires) = _LEASE.unpack(body)
+        if version != FORMAT_VERSION or state not in (LEASE_CLEAN, LEASE_HELD):
+            return None
+        return LeaseRecord(state, node.rstrip(b"\x00").decode(errors="replace"),
+                           host.rstrip(b"\x00").decode(errors="replace"), boot, pid_ns, pid, start, token,
+                           acquired, renewed, expires)

@@ -18,10 +18,9 @@ What it guarantees:
 
 from __future__ import annotations
 
-import fcntl
 import logging
+import math
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -29,19 +28,17 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
 from radixtier.storage.io_engine import IOV_MAX, IOOp, aligned_buffer, make_engine
-from radixtier.storage.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, OWNER_BYTES,
-                                      OWNER_CLEAN, OWNER_DIRTY, FormatError, OwnerRecord, SlotHeader,
-                                      Superblock, TableEntry, align_up, checksum)
+from radixtier.storage.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
+                                      SlotHeader, Superblock, TableEntry, align_up, checksum)
+from radixtier.storage.lease import DEFAULT_LEASE_S, PartitionLease
 from radixtier.storage.page_store import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
-from radixtier.storage.target import Target, open_target
+from radixtier.storage.target import open_target, read_aligned, write_aligned
+from radixtier.storage.validate import positive_int, positive_seconds
 
 log = logging.getLogger("radixtier.storage.nvmeof")
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
 VERIFY_MODES = ("auto", "none", "headers", "full")
-_LOCK_GRACE_S = 5.0  # how long opening waits for a partition lock a dead process may still hold
-_OPEN_PARTITIONS: Dict[Tuple[int, int, int], str] = {}  # (st_dev, st_ino, partition) -> path, this process
-_OPEN_LOCK = threading.Lock()
 
 
 @dataclass
@@ -64,55 +61,64 @@ class StoreCounters:
     evictions: int = 0
     io_errors: int = 0
     bounced: int = 0
+    fenced_writes: int = 0
 
     def as_dict(self) -> Dict[str, int]:
         return dict(self.__dict__)
 
 
-def _segments(buf) -> List[memoryview]:
+def _segments(buf, writable: bool = False) -> List[memoryview]:
     """A page buffer, or a list of segments (e.g. SGLang's K and V pointers for one page)."""
-    if isinstance(buf, list) or (isinstance(buf, tuple) and not (len(buf) == 2 and all(isinstance(x, int) for x in buf))):
-        return [buffer_view(b) for b in buf]
-    return [buffer_view(buf)]
+    try:
+        if isinstance(buf, list) or (isinstance(buf, tuple) and not (len(buf) == 2 and all(isinstance(x, int) for x in buf))):
+            segs = [buffer_view(b) for b in buf]
+        else:
+            segs = [buffer_view(buf)]
+    except TypeError:
+        raise ValueError(f"buffer: expected a CPU tensor, a buffer or (address, nbytes), got "
+                         f"{type(buf).__name__}") from None
+    if writable and any(s.readonly for s in segs):
+        raise ValueError(f"buffer: a {type(buf).__name__} is read-only; get() needs writable buffers to read into")
+    return segs
 
 
 def _check_key(key: bytes) -> bytes:
-    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+    if not isinstance(key, (bytes, bytearray, memoryview)) or len(key) != KEY_BYTES:
         raise ValueError(f"key: expected {KEY_BYTES} bytes (a page hash), got {type(key).__name__} "
                          f"of length {len(key) if hasattr(key, '__len__') else '?'}")
     return bytes(key)
 
 
-def _read_block(t: Target, offset: int, nbytes: int) -> bytes:
-    buf = aligned_buffer(align_up(nbytes))
-    n = os.preadv(t.fd, [buf], offset)
-    return bytes(buf[:max(0, min(n, nbytes))]).ljust(nbytes, b"\x00")
-
-
-def _write_block(t: Target, offset: int, data: bytes) -> None:
-    buf = aligned_buffer(align_up(len(data)))
-    buf[:len(data)] = data
-    os.pwritev(t.fd, [buf], offset)
-
-
-def _flock_struct(start: int) -> bytes:
-    return struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
-
 
 def format_namespace(path: str, page_bytes: int, capacity_bytes: Optional[int] = None, partitions: int = 1,
                      force: bool = False, direct: bool = True) -> Superblock:
-    """Write a fresh superblock and empty tables. Refuses to overwrite anything unless force=True."""
-    if not isinstance(page_bytes, int) or isinstance(page_bytes, bool) or page_bytes <= 0:
-        raise ValueError(f"page_bytes: expected a positive integer, got {page_bytes!r}")
-    if capacity_bytes is not None and (not isinstance(capacity_bytes, int) or capacity_bytes <= 0):
-        raise ValueError(f"capacity: expected a positive number of bytes, got {capacity_bytes!r}")
+    """Write a fresh superblock and empty tables. Refuses to overwrite anything unless force=True.
+
+    A format that fails leaves nothing behind: a file it created is removed, and a target that
+    existed keeps whatever superblock it had until the new one is complete (it is written last).
+    """
+    positive_int("page_bytes", page_bytes)
+    if capacity_bytes is not None:
+        positive_int("capacity", capacity_bytes)
     exists = os.path.exists(path)
     if not exists and capacity_bytes is None:
         raise ValueError(f"capacity: required to create the file namespace {path}")
+    if not exists:  # fail before creating anything when the geometry cannot work
+        Superblock.plan(page_bytes, capacity_bytes, partitions, 0)
+    try:
+        return _format(path, page_bytes, capacity_bytes, partitions, force, direct, exists)
+    except BaseException:
+        if not exists and os.path.isfile(path):
+            os.remove(path)
+        raise
+
+
+def _format(path: str, page_bytes: int, capacity_bytes: Optional[int], partitions: int, force: bool,
+            direct: bool, exists: bool) -> Superblock:
     t = open_target(path, create_bytes=capacity_bytes or 0, direct=direct)
     try:
         if not force and exists and t.size > 0:
-            head = _read_block(t, 0, BLOCK)
+            head = read_aligned(t, 0, BLOCK)
             try:
                 sb = Superblock.unpack(head, path)
                 raise FormatError(f"{path}: already a radixtier namespace (uuid {sb.uuid}, page_bytes "
@@ -136,7 +142,7 @@ def format_namespace(path: str, page_bytes: int, capacity_bytes: Optional[int] =
             os.pwritev(t.fd, [zero[:n]], off)
             off += n
         os.fsync(t.fd)
-        _write_block(t, 0, sb.pack())  # the superblock goes last: a half-formatted target has none
+        write_aligned(t, 0, sb.pack())  # the superblock goes last: a half-formatted target has none
         os.fsync(t.fd)
         return sb
     finally:
@@ -146,7 +152,7 @@ def format_namespace(path: str, page_bytes: int, capacity_bytes: Optional[int] =
 def read_superblock(path: str) -> Superblock:
     t = open_target(path, direct=False, readonly=True)
     try:
-        return Superblock.unpack(_read_block(t, 0, BLOCK), path)
+        return Superblock.unpack(read_aligned(t, 0, BLOCK), path)
     finally:
         t.close()
 
@@ -158,17 +164,21 @@ class NvmeofPageStore:
                  node_id: str = "local", create_bytes: int = 0, partitions: int = 1,
                  io_engine: str = "auto", queue_depth: int = 16, direct: bool = True, sync: bool = True,
                  eviction: str = LEAVES_FIRST, verify: str = "auto",
-                 coalesce_bytes: int = DEFAULT_COALESCE_BYTES) -> None:
+                 coalesce_bytes: int = DEFAULT_COALESCE_BYTES, lease_s: float = DEFAULT_LEASE_S,
+                 force_takeover: bool = False) -> None:
         if eviction not in EVICTION_MODES:
             raise ValueError(f"eviction: expected one of {', '.join(EVICTION_MODES)}, got {eviction!r}")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify: expected one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         if not isinstance(node_id, str) or not node_id or len(node_id.encode()) > 48:
             raise ValueError(f"node_id: expected a non-empty string of at most 48 bytes, got {node_id!r}")
-        if page_bytes is not None and (not isinstance(page_bytes, int) or page_bytes <= 0):
-            raise ValueError(f"page_bytes: expected a positive integer, got {page_bytes!r}")
-        if not isinstance(coalesce_bytes, int) or coalesce_bytes <= 0:
-            raise ValueError(f"coalesce_bytes: expected a positive integer, got {coalesce_bytes!r}")
+        if page_bytes is not None:
+            positive_int("page_bytes", page_bytes)
+        if create_bytes:
+            positive_int("capacity", create_bytes)
+        positive_int("coalesce_bytes", coalesce_bytes)
+        positive_int("queue_depth", queue_depth, 4096)
+        self.lease_s = positive_seconds("lease_s", lease_s)
         self.path = path
         self.node_id = node_id
         self.sync = sync
@@ -179,25 +189,28 @@ class NvmeofPageStore:
                                         f"create_bytes to create one, or run `radixtier format`")
             format_namespace(path, page_bytes, create_bytes, partitions, direct=direct)
         self._t = open_target(path, direct=direct)
-        self._lock_key: Optional[Tuple[int, int, int]] = None
+        self._lease: Optional[PartitionLease] = None
         self._engine = None
         try:
-            self._open(page_bytes, partition, verify, eviction, io_engine, queue_depth)
+            self._open(page_bytes, partition, verify, eviction, io_engine, queue_depth, force_takeover)
         except BaseException:
-            self._release_partition()
+            if self._lease is not None:
+                self._lease.release()
+            if self._engine is not None:
+                self._engine.close()
             self._t.close()
             raise
 
     # ---------------------------------------------------------------- opening and recovery
-    def _open(self, page_bytes, partition, verify, eviction, io_engine, queue_depth) -> None:
-        sb = Superblock.unpack(_read_block(self._t, 0, BLOCK), self.path)
+    def _open(self, page_bytes, partition, verify, eviction, io_engine, queue_depth, force_takeover) -> None:
+        sb = Superblock.unpack(read_aligned(self._t, 0, BLOCK), self.path)
         if page_bytes is not None and sb.page_bytes != page_bytes:
             raise FormatError(f"{self.path}: formatted with page_bytes={sb.page_bytes}, asked for "
                               f"page_bytes={page_bytes}; reformat it (`radixtier format --force`) or use "
                               f"a matching page size")
         if sb.total_bytes > self._t.size:
             raise FormatError(f"{self.path}: superblock describes {sb.total_bytes} bytes, target has {self._t.size}")
-        if not isinstance(partition, int) or not 0 <= partition < sb.partitions:
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < sb.partitions:
             raise ValueError(f"partition: expected 0..{sb.partitions - 1} for {self.path}, got {partition!r}")
         self.sb = sb
         self.uuid = sb.uuid
@@ -205,7 +218,9 @@ class NvmeofPageStore:
         self.partition = partition
         self._range = sb.partition_range(partition)
         self.capacity_pages = len(self._range)
-        self._claim_partition()
+        lease = PartitionLease(self._t, sb, partition, self.node_id, lease_s=self.lease_s, force=force_takeover)
+        lease.acquire()  # before anything is read or written: a held partition is refused here
+        self._lease = lease
         self._engine = make_engine(io_engine, queue_depth)
         self.io_engine = self._engine.name
         self.direct = self._t.direct
@@ -216,18 +231,15 @@ class NvmeofPageStore:
         self._order = EvictionOrder(eviction)
         self._readers: Dict[bytes, int] = {}
         self._evicted: List[bytes] = []
-        owner_raw = _read_block(self._t, BLOCK, BLOCK)
-        off = partition * OWNER_BYTES
-        prev = OwnerRecord.unpack(owner_raw[off:off + OWNER_BYTES])
+        prev = self._lease.previous
         if prev is not None and prev.node_id != self.node_id:
             log.warning("radixtier: %s partition %d was owned by node %r; node %r takes it over",
                         self.path, partition, prev.node_id, self.node_id)
-        unclean = prev is not None and prev.state == OWNER_DIRTY
-        self._write_owner(OWNER_DIRTY)
+        unclean = self._lease.unclean
         first = self._range.start
         nbytes = len(self._range) * ENTRY_BYTES
         self._table_base = sb.entry_offset(first)
-        self._table = bytearray(_read_block(self._t, self._table_base, nbytes))
+        self._table = bytearray(read_aligned(self._t, self._table_base, nbytes))
         used = []
         for i in range(len(self._range)):
             e = TableEntry.unpack(bytes(self._table[i * ENTRY_BYTES:(i + 1) * ENTRY_BYTES]))
@@ -262,41 +274,11 @@ class NvmeofPageStore:
             log.info("radixtier: %s partition %d: recovered %d pages (%d dropped, verify=%s)", self.path,
                      partition, len(self._index), self.recovery["dropped"], mode)
 
-    def _claim_partition(self) -> None:
-        st = os.fstat(self._t.fd)
-        key = (st.st_dev, st.st_ino, self.partition) if not self._t.is_block else (st.st_rdev, 0, self.partition)
-        with _OPEN_LOCK:  # reserved first, so the wait below holds up no other open in this process
-            if key in _OPEN_PARTITIONS:
-                raise RuntimeError(f"partition {self.partition} of {self.path} is already open in this process")
-            _OPEN_PARTITIONS[key] = self.path
-            self._lock_key = key
-        # Open-file-description lock: another process holding this partition makes this fail. A
-        # predecessor killed with -9 can hold it a moment longer (the kernel tears down its
-        # io_uring asynchronously), so a restart waits briefly before calling it a conflict.
-        deadline = time.monotonic() + _LOCK_GRACE_S
-        while True:
-            try:
-                fcntl.fcntl(self._t.fd, fcntl.F_OFD_SETLK, _flock_struct(BLOCK + self.partition))
-                return
-            except OSError as exc:
-                if time.monotonic() >= deadline:
-                    self._release_partition()
-                    raise RuntimeError(f"partition {self.partition} of {self.path} is open in another "
-                                       f"process ({exc.strerror}); give each node its own partition") from None
-                time.sleep(0.05)
-
-    def _release_partition(self) -> None:
-        with _OPEN_LOCK:
-            if self._lock_key is not None:
-                _OPEN_PARTITIONS.pop(self._lock_key, None)
-                self._lock_key = None
-
-    def _write_owner(self, state: int) -> None:
-        raw = bytearray(_read_block(self._t, BLOCK, BLOCK))
-        off = self.partition * OWNER_BYTES
-        raw[off:off + OWNER_BYTES] = OwnerRecord(self.node_id, state, time.time_ns()).pack()
-        _write_block(self._t, BLOCK, bytes(raw))
-        os.fsync(self._t.fd)
+    @property
+    def fenced(self) -> str:
+        """Why this store may no longer write its partition ('' while it may): another opener took
+        the lease. Reads stay verified and safe; writes are refused from then on."""
+        return self._lease.lost if self._lease is not None else ""
 
     def _verify_slots(self, used: List[Tuple[int, TableEntry]], full: bool) -> set:
         """Slots whose header (and, if full, payload) does not match their table entry."""
@@ -329,6 +311,8 @@ class NvmeofPageStore:
         """Write table blocks (whole 4 KiB blocks from the in-memory copy), then make them durable."""
         if not blocks:
             return
+        if self.fenced:
+            raise OSError(self.fenced)
         with self._table_lock:
             ops, runs = [], []
             for b in sorted(set(blocks)):
@@ -348,23 +332,34 @@ class NvmeofPageStore:
             if self.sync:
                 os.fdatasync(self._t.fd)
 
+    def _flush_table_logged(self, blocks: Sequence[int]) -> None:
+        """_flush_table for removals: on failure the entries stay on the device, where the next open
+        re-checks them against their slot headers (a removed page is never served wrongly)."""
+        try:
+            self._flush_table(blocks)
+        except OSError as exc:
+            log.error("radixtier: %s: slot table update failed: %s", self.path, exc)
+
     # ---------------------------------------------------------------- queries
     def exists(self, keys: Sequence[bytes]) -> List[bool]:
+        keys = [_check_key(k) for k in keys]
         with self._lock:
-            return [bytes(k) in self._index for k in keys]
+            return [k in self._index for k in keys]
 
     def leading_run(self, keys: Sequence[bytes]) -> int:
+        keys = [_check_key(k) for k in keys]
         with self._lock:
             n = 0
             for k in keys:
-                if bytes(k) not in self._index:
+                if k not in self._index:
                     break
                 n += 1
             return n
 
     def location(self, key: bytes) -> Optional[PageLocation]:
+        key = _check_key(key)
         with self._lock:
-            s = self._index.get(bytes(key))
+            s = self._index.get(key)
             return None if s is None else PageLocation(self.uuid, s.slot, s.generation, s.length, s.checksum)
 
     def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]:
@@ -374,9 +369,10 @@ class NvmeofPageStore:
             yield key, s.parent, PageLocation(self.uuid, s.slot, s.generation, s.length, s.checksum)
 
     def touch(self, keys: Sequence[bytes]) -> None:
+        keys = [_check_key(k) for k in keys]
         with self._lock:
             for k in keys:
-                self._order.touch(bytes(k))
+                self._order.touch(k)
 
     def hold(self, keys: Sequence[bytes], held: bool = True) -> None:
         """A faster tier holds these pages (or no longer does): held pages are the first victims,
@@ -426,6 +422,9 @@ class NvmeofPageStore:
                                  f"at most {self.page_bytes} bytes")
         ok = [False] * len(keys)
         evicted: List[bytes] = []
+        if self.fenced:  # another opener holds the partition now: writing would destroy its pages
+            self.counters.fenced_writes += len(keys)
+            return PutResult(ok, evicted)
         plan: List[Tuple[int, bytes, Optional[bytes], int, List[memoryview]]] = []  # (i, key, parent, slot, segs)
         first_of: Dict[bytes, int] = {}  # key -> index of its first copy in this batch
         dups: List[Tuple[int, int]] = []  # (index, index of the copy that is written)
@@ -480,6 +479,9 @@ class NvmeofPageStore:
             ops.append((slot, [hdr] + payload))
         if bounce_bytes:
             self.counters.bounced += 1
+        if self.fenced:
+            self.counters.fenced_writes += len(plan)
+            raise OSError(self.fenced)  # put() returns the planned slots; nothing was written
         results = self._run_coalesced(True, ops)
         if self.sync:
             os.fdatasync(self._t.fd)
@@ -535,16 +537,16 @@ class NvmeofPageStore:
         return s
 
     def delete(self, keys: Sequence[bytes]) -> int:
+        keys = [_check_key(k) for k in keys]
         blocks = []
         with self._lock:
             for k in keys:
-                k = bytes(k)
                 if k in self._index and not self._readers.get(k):
                     s = self._drop(k)
                     self._set_entry(s.slot, None)
                     self._free.append(s.slot)
                     blocks.append(self._entry_block(s.slot))
-        self._flush_table(blocks)
+        self._flush_table_logged(blocks)
         return len(blocks)
 
     def clear(self) -> int:
@@ -555,10 +557,10 @@ class NvmeofPageStore:
     # ---------------------------------------------------------------- reads
     def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
         """Read pages into caller buffers; ok[i] is True only for a page proven intact."""
-        keys = [bytes(k) for k in keys]
+        keys = [_check_key(k) for k in keys]
         if len(buffers) != len(keys):
             raise ValueError(f"get: {len(keys)} keys but {len(buffers)} buffers")
-        segs = [_segments(b) for b in buffers]
+        segs = [_segments(b, writable=True) for b in buffers]
         ok = [False] * len(keys)
         plan = []
         with self._lock:
@@ -602,7 +604,7 @@ class NvmeofPageStore:
                     self._evicted.append(key)
                     blocks.append(self._entry_block(s.slot))
         if blocks:
-            self._flush_table(blocks)
+            self._flush_table_logged(blocks)
         return ok
 
     def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
@@ -611,7 +613,8 @@ class NvmeofPageStore:
             return False
         if location.length > self.page_bytes:
             return False
-        segs = _segments(buffer)
+        key = _check_key(key)
+        segs = _segments(buffer, writable=True)
         if sum(s.nbytes for s in segs) != location.length:  # a record from another layout, or a bad one
             log.warning("radixtier: record for page %s says %d bytes, the buffer has %d; treated as a miss",
                         bytes(key).hex(), location.length, sum(s.nbytes for s in segs))
@@ -719,11 +722,10 @@ class NvmeofPageStore:
         if self._t.fd < 0:
             return
         try:
-            self._write_owner(OWNER_CLEAN)
+            self._lease.release()
         finally:
             if self._engine is not None:
                 self._engine.close()
-            self._release_partition()
             self._t.close()
 
     def __enter__(self) -> "NvmeofPageStore":

@@ -37,16 +37,37 @@ from radixtier.storage.records import RecordError, decode_record, encode_record
 
 log = logging.getLogger("radixtier.storage.redis")
 
+# Bounded per page: at most ARGV[1] holders (a random sample when more hold it), values of at most
+# ARGV[2] bytes and node ids of at most 128 (larger ones are skipped on the server, never sent),
+# the caller's own record (ARGV[3]) left out. One hostile or oversized chain therefore costs a
+# lookup O(pages x cap) work and reply bytes, never a timeout that would switch lookups off.
 _LOOKUP_LUA = """
+local cap = tonumber(ARGV[1])
+local maxlen = tonumber(ARGV[2])
+local me = ARGV[3]
 local out = {}
 for i, k in ipairs(KEYS) do
-  local v = redis.call('HGETALL', k)
-  if #v == 0 then break end
-  out[i] = v
+  local n = redis.call('HLEN', k)
+  if n == 0 then break end
+  local fields
+  if n <= cap + 1 then fields = redis.call('HKEYS', k) else fields = redis.call('HRANDFIELD', k, cap + 1) end
+  local row = {}
+  local taken = 0
+  for _, f in ipairs(fields) do
+    if taken >= cap then break end
+    if f ~= me and #f <= 128 and redis.call('HSTRLEN', k, f) <= maxlen then
+      row[#row + 1] = f
+      row[#row + 1] = redis.call('HGET', k, f)
+      taken = taken + 1
+    end
+  end
+  if taken == 0 then break end
+  out[i] = row
 end
 return out
 """
 
+_LOOKUP_SHA = __import__("hashlib").sha1(_LOOKUP_LUA.encode()).hexdigest()
 _BATCH_RETRIES = 20  # a batch that fails this often in a row (not a connection loss) is dropped
 Republisher = Callable[[], Iterable[Tuple[bytes, bytes, PageRecord]]]  # yields (root, key, record)
 
@@ -69,6 +90,8 @@ class RedisIndexConfig:
     backoff_max_s: float = 5.0
     gc_interval_s: float = 10.0
     publish_queue: int = 200_000
+    lookup_max_holders: int = 8  # records returned per page (a random sample when more nodes hold it)
+    record_max_bytes: int = 256  # larger values are skipped by the server (a valid record is < 120 bytes)
     ssl_ca_certs: Optional[str] = None
     ssl_certfile: Optional[str] = None
     ssl_keyfile: Optional[str] = None
@@ -99,6 +122,18 @@ class RedisIndexConfig:
             raise ValueError(f"node_ttl_s: must exceed heartbeat_s ({self.heartbeat_s}), got {self.node_ttl_s}")
         if self.ssl_cert_reqs not in ("required", "optional", "none"):
             raise ValueError(f"ssl_cert_reqs: expected required, optional or none, got {self.ssl_cert_reqs!r}")
+        if scheme != "rediss":
+            for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: set to {getattr(self, name)!r}, but redis_url {self.url!r} is not "
+                                     f"rediss:// and would connect in plaintext; use a rediss:// URL or drop {name}")
+            if self.ssl_cert_reqs != "required":
+                raise ValueError(f"ssl_cert_reqs: set to {self.ssl_cert_reqs!r}, but redis_url {self.url!r} is not "
+                                 f"rediss:// (no TLS at all); use a rediss:// URL or drop ssl_cert_reqs")
+        for name, hi in (("lookup_max_holders", 1024), ("record_max_bytes", 1 << 16), ("publish_queue", 1 << 30)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                raise ValueError(f"{name}: expected a whole number from 1 to {hi}, got {v!r}")
 
     def _validate_cluster_url(self) -> None:
         """Cluster clients reject these only when built; said here so that "unreachable" is never a config error."""
@@ -117,10 +152,14 @@ class _Down(Exception):
     pass
 
 
+class _ChainFailed(Exception):
+    """One lookup failed (e.g. timed out on its chain) while the server still answers: not an outage."""
+
+
 # Server answers that mean "not now" (failover, loading, a busy script, out of memory): back off as if
 # the connection were lost, instead of raising into the caller or hammering the server.
 _UNAVAILABLE = frozenset({"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM", "LOADING",
-                          "NOAUTH", "WRONGPASS"})
+                          "NOAUTH", "WRONGPASS", "NOPERM"})
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -137,8 +176,9 @@ class _Link:
     """One Redis client and its own up/down state, so a slow write batch never switches lookups off."""
 
     def __init__(self, name: str, url: str, connect: Callable[[], object], down_errors: tuple,
-                 server_errors: tuple, backoff: Tuple[float, float]) -> None:
+                 server_errors: tuple, backoff: Tuple[float, float], slow_errors: tuple = ()) -> None:
         self.name, self.url = name, url
+        self._slow_errors = slow_errors  # a reply that did not come in time: maybe just this call's
         self._connect = connect
         self._down_errors, self._server_errors = down_errors, server_errors
         self._backoff_initial, self._backoff_max = backoff
@@ -148,6 +188,7 @@ class _Link:
         self.up = True
         self.down_until = 0.0
         self.backoff = 0.0
+        self.denied = ""  # the server's NOPERM answer while our user lacks a right this link needs
 
     def ensure_client(self):
         """The client, built on first use: a Cluster client connects when built, and may not be able to yet."""
@@ -159,30 +200,46 @@ class _Link:
                 client = self.client
         return client
 
-    def call(self, fn: Callable[[object], object], build: bool = True):
+    def call(self, fn: Callable[[object], object], build: bool = True, chain: bool = False):
         """fn(client), or _Down at once while backing off and whenever Redis cannot answer.
 
         build=False (lookups) never builds a missing client: building a Cluster client connects, which
-        may take connect_timeout_s; the background worker builds it instead.
+        may take connect_timeout_s; the background worker builds it instead. chain=True (lookups): a
+        timeout or lost connection is first checked with a PING; if the server answers, the failure
+        was this call's own (a slow chain) and raises _ChainFailed without switching the link off.
         """
         if not self.up and time.monotonic() < self.down_until:
             raise _Down()
+        client = None
         try:
             client = self.ensure_client() if build else self.client
             if client is None:
                 raise _Down()
             out = fn(client)
         except self._down_errors as exc:
+            if chain and isinstance(exc, self._slow_errors) and client is not None and self._answers_ping(client):
+                raise _ChainFailed() from exc
             self.mark_down(exc)
             raise _Down() from exc
         except self._server_errors as exc:
             if _unavailable(exc):
+                if "NOPERM" in str(getattr(exc, "status_code", "") or "").upper() or \
+                        type(exc).__name__ == "NoPermissionError":
+                    self.denied = str(exc)
                 self.mark_down(exc)
                 raise _Down() from exc
             raise
         if not self.up:
             self._mark_up()
+        self.denied = ""
         return out
+
+    @staticmethod
+    def _answers_ping(client) -> bool:
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
 
     def mark_down(self, exc: BaseException) -> None:
         with self._lock:
@@ -227,17 +284,20 @@ class RedisPrefixIndex:
         self._queue_cv = threading.Condition(self._lock)
         self._inflight_ops = 0
         self._batch_failures = 0
-        self._live: Dict[str, bool] = {}
-        self._live_at = 0.0
+        self._live: Dict[str, Tuple[bool, float]] = {}  # node -> (alive, when read); bounded, see _liveness
+        self._live_lock = threading.Lock()  # a leaf lock: held for dict updates only, never during I/O
+        self._gc_cursor = 0
         self._script = None
         self._counters_lock = threading.Lock()
-        self.counters = {"lookups": 0, "lookup_failures": 0, "rejected_records": 0, "dead_records_ignored": 0,
+        self.counters = {"lookups": 0, "lookup_failures": 0, "chain_failures": 0, "rejected_records": 0,
+                         "dead_records_ignored": 0,
                          "published": 0, "unpublished": 0, "dropped_ops": 0, "republished": 0, "reconnects": 0,
                          "gc_removed": 0, "stale_removed": 0}
         down = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException, ClusterError)
         backoff = (cfg.backoff_initial_s, cfg.backoff_max_s)
         server = (redis.RedisError,)
-        self._reader = _Link("lookups", cfg.url, lambda: self._connect(cfg.lookup_timeout_s), down, server, backoff)
+        self._reader = _Link("lookups", cfg.url, lambda: self._connect(cfg.lookup_timeout_s), down, server, backoff,
+                             slow_errors=(redis.TimeoutError,))
         self._writer = _Link("writes", cfg.url, lambda: self._connect(cfg.writer_timeout()), down, server, backoff)
         self._check_access(down)
         self._stop = threading.Event()
@@ -273,7 +333,9 @@ class RedisPrefixIndex:
         """Refused credentials are a configuration error; an unreachable Redis only starts us degraded."""
         redis = self._redis
         try:
-            self._reader.ensure_client().ping()
+            client = self._reader.ensure_client()
+            client.ping()
+            self._probe_rights(client)
         except redis.AuthenticationError as exc:
             raise ValueError(f"redis_url: authentication failed for user {self.config.username or 'default'!r}: "
                              f"{exc}") from None
@@ -287,6 +349,51 @@ class RedisPrefixIndex:
             if isinstance(exc.__cause__, redis.AuthenticationError):  # a Cluster client wraps refused credentials
                 raise ValueError(f"redis_url: authentication failed: {exc.__cause__}") from None
             self._reader.mark_down(exc)  # start degraded: serve from local tiers, keep trying
+
+    def _probe_rights(self, client) -> None:
+        """Run each command the index needs on probe keys under our prefix; refuse to start, naming
+        what is missing, when the user lacks any (a '+ping'-only user used to start "up" and then
+        fail every write in the background)."""
+        redis = self._redis
+        tag = f"{self._prefix}:{{nodes}}"
+        s_key, h_key, set_key = f"{tag}:probe:{self.node_id}", f"{tag}:probeh:{self.node_id}", \
+            f"{tag}:probes:{self.node_id}"
+        steps = [
+            ("SET", lambda p: p.set(s_key, "1", px=10_000, get=True)),
+            ("MGET", lambda p: p.mget([s_key])),
+            ("HSET", lambda p: p.hset(h_key, self.node_id, "1")),
+            ("HMGET", lambda p: p.hmget(h_key, [self.node_id])),
+            ("HSCAN", lambda p: p.hscan(h_key, 0)),
+            ("HGETALL", lambda p: p.hgetall(h_key)),
+            ("SADD", lambda p: p.sadd(set_key, "x")),
+            ("SSCAN", lambda p: p.sscan(set_key, 0)),
+            ("SREM", lambda p: p.srem(set_key, "x")),
+            ("EVAL", lambda p: p.eval(_LOOKUP_LUA, 1, h_key, 8, 256, "")),
+            ("EVALSHA", lambda p: p.evalsha(_LOOKUP_SHA, 1, h_key, 8, 256, "")),
+            ("HDEL", lambda p: p.hdel(h_key, self.node_id)),
+            ("DEL", lambda p: p.delete(s_key, h_key, set_key)),
+        ]
+        missing: List[str] = []
+        for name, step in steps:
+            try:
+                step(client)
+            except redis.exceptions.NoPermissionError as exc:
+                missing.append(f"{name} ({exc})" if not missing else name)
+            except redis.exceptions.NoScriptError:
+                pass  # EVALSHA before the script was loaded: the right to run it is what was checked
+            except redis.ResponseError as exc:
+                if "NOPERM" in str(exc):
+                    missing.append(name)
+                elif _unavailable(exc):
+                    raise
+                else:
+                    raise ValueError(f"redis_url: the server at {self.config.url} cannot run what the index "
+                                     f"needs ({name}: {exc}); it needs Redis 6.2 or newer") from None
+        if missing:
+            user = self.config.username or "default"
+            raise ValueError(f"redis_username: user {user!r} lacks permission for {', '.join(missing)} on keys "
+                             f"{self._prefix}:*; grant e.g. 'ACL SETUSER {user} ~{self._prefix}:* +@read "
+                             f"+@write +@scripting +ping'")
 
     @property
     def up(self) -> bool:
@@ -325,9 +432,14 @@ class RedisPrefixIndex:
             return []
         self._count("lookups")
         names = [self._page_key(bytes(root), bytes(k)) for k in keys]
+        me = self.node_id if exclude_self else ""
         try:
-            raw = self._reader.call(lambda c: self._eval_lookup(c, names), build=False)
-            live = self._live_nodes(self._reader)
+            raw = self._reader.call(lambda c: self._eval_lookup(c, names, me), build=False, chain=True)
+            live = self._liveness(self._reader, {_text(f[i]) for f in raw or [] for i in range(0, len(f) - 1, 2)})
+        except _ChainFailed:  # this chain's lookup failed, Redis still answers: nothing remote for it
+            self._count("lookup_failures")
+            self._count("chain_failures")
+            return []
         except _Down:
             self._count("lookup_failures")
             return []
@@ -337,11 +449,12 @@ class RedisPrefixIndex:
             return []
         return self._decode_run(raw, live, exclude_self)
 
-    def _eval_lookup(self, client, names: List[str]):
+    def _eval_lookup(self, client, names: List[str], me: str):
         script = self._script
         if script is None:
             script = self._script = client.register_script(_LOOKUP_LUA)
-        return script(keys=names, args=[], client=client)
+        cfg = self.config
+        return script(keys=names, args=[cfg.lookup_max_holders, cfg.record_max_bytes, me], client=client)
 
     def _decode_run(self, raw, live: Dict[str, bool], exclude_self: bool) -> List[List[PageRecord]]:
         out: List[List[PageRecord]] = []
@@ -382,11 +495,16 @@ class RedisPrefixIndex:
         return True
 
     def health(self) -> Dict[str, object]:
+        """`up`: lookups are answered; `writer_up`: publishes reach Redis; `access_denied`: the server's
+        NOPERM answer while our user lacks a right (up and writer_up are then False as well)."""
         with self._lock:
             depth = len(self._queue)
         with self._counters_lock:
             counters = dict(self.counters)
-        return {"up": self._reader.up, "writer_up": self._writer.up, "queue_depth": depth, **counters}
+        denied = self._reader.denied or self._writer.denied
+        return {"up": self._reader.up and not self._reader.denied,
+                "writer_up": self._writer.up and not self._writer.denied, "access_denied": denied,
+                "queue_depth": depth, **counters}
 
     def close(self) -> None:
         self.flush(timeout=2.0)
@@ -400,16 +518,24 @@ class RedisPrefixIndex:
         self._writer.close()
 
     # ---------------------------------------------------------------- liveness
-    def _live_nodes(self, link: _Link) -> Dict[str, bool]:
+    def _liveness(self, link: _Link, nodes: Iterable[str]) -> Dict[str, bool]:
+        """Alive or not, for just these nodes (those a lookup returned: at most pages x cap): one MGET of
+        their heartbeats, cached for min(1 s, heartbeat_s). Never reads the whole node set, which
+        anyone who can write to Redis could fill with millions of ids."""
+        nodes = list(nodes)
         now = time.monotonic()
-        if now - self._live_at < min(1.0, self.config.heartbeat_s):
-            return self._live
-        all_key = f"{self._prefix}:{{nodes}}:all"
-        nodes = sorted(_text(n) for n in link.call(lambda c: c.smembers(all_key)))
-        vals = link.call(lambda c: c.mget([self._node_key(n) for n in nodes])) if nodes else []
-        self._live = {n: v is not None for n, v in zip(nodes, vals)}
-        self._live_at = now
-        return self._live
+        ttl = min(1.0, self.config.heartbeat_s)
+        with self._live_lock:
+            need = [n for n in nodes if n not in self._live or now - self._live[n][1] >= ttl]
+        if need:
+            vals = link.call(lambda c: c.mget([self._node_key(n) for n in need]))
+            with self._live_lock:
+                for n, v in zip(need, vals):
+                    self._live[n] = (v is not None, now)
+                if len(self._live) > 4096:  # bounded: forget what is stale
+                    self._live = {n: e for n, e in self._live.items() if now - e[1] < ttl}
+        with self._live_lock:
+            return {n: self._live.get(n, (False, 0.0))[0] for n in nodes}
 
     # ---------------------------------------------------------------- background work
     def _enqueue(self, ops: List[Tuple[str, tuple]]) -> None:
@@ -469,7 +595,6 @@ class RedisPrefixIndex:
             self._need_republish = True
         if old is None:  # our heartbeat was gone: Redis restarted, or we were presumed dead
             self._need_republish = True
-        self._live_at = 0.0
         self._probe_reader()
 
     def _probe_reader(self) -> None:
@@ -590,33 +715,66 @@ class RedisPrefixIndex:
         vals = self._writer.call(lambda c: c.hmget(self._owned_key(self.node_id), [k.hex() for k in keys]))
         return {k: bytes.fromhex(_text(v)) for k, v in zip(keys, vals) if v}
 
-    def collect_garbage(self) -> int:
-        """Remove records of nodes whose heartbeat expired (one collector at a time); returns records removed."""
+    def collect_garbage(self, max_nodes: int = 2000) -> int:
+        """Remove records of nodes whose heartbeat expired (one collector at a time); returns records removed.
+
+        Walks the node set with SSCAN, at most `max_nodes` ids per call (continuing where the last
+        call stopped), so a set inflated with junk ids is cleaned up over several passes instead of
+        stalling the worker."""
         lock = f"{self._prefix}:{{nodes}}:gc"
+        all_key = f"{self._prefix}:{{nodes}}:all"
         w = self._writer
         if not w.call(lambda c: c.set(lock, self.node_id, nx=True, px=int(self.config.gc_interval_s * 1000))):
             return 0
-        self._live_at = 0.0
-        live = self._live_nodes(w)
-        removed = 0
-        for node, alive in live.items():
-            if alive or node == self.node_id:
-                continue
-            removed += self._collect_node(node)
+        removed, seen, cursor = 0, 0, self._gc_cursor
+        while True:
+            cursor, members = w.call(lambda c, cur=cursor: c.sscan(all_key, cur, count=500))
+            nodes = [n for n in (_text(m) for m in members) if n != self.node_id]
+            seen += len(members)
+            if nodes:
+                beats = w.call(lambda c: c.mget([self._node_key(n) for n in nodes]))
+                dead = [n for n, b in zip(nodes, beats) if b is None]
+                if dead:
+                    removed += self._collect_dead(dead)
+            if cursor == 0 or seen >= max_nodes:
+                break
+        self._gc_cursor = cursor
         self._count("gc_removed", removed)
         return removed
 
-    def _collect_node(self, node: str) -> int:
-        owned = self._owned_key(node)
-        items = self._writer.call(lambda c: c.hgetall(owned))
+    def _collect_dead(self, nodes: List[str]) -> int:
+        """Records of dead nodes removed: nodes that published nothing go in one pipeline."""
+        all_key = f"{self._prefix}:{{nodes}}:all"
 
-        def run(client):
+        def exists(client):
             pipe = self._pipeline(client)
-            for key_hex, root_hex in items.items():
-                pipe.hdel(f"{self._prefix}:{{{_text(root_hex)}}}:p:{_text(key_hex)}", node)
+            for n in nodes:
+                pipe.exists(self._owned_key(n))
+            return pipe.execute()
+
+        has = self._writer.call(exists)
+        idle = [n for n, h in zip(nodes, has) if not h]
+        if idle:
+            self._writer.call(lambda c: c.srem(all_key, *idle))
+        return sum(self._collect_node(n) for n, h in zip(nodes, has) if h)
+
+    def _collect_node(self, node: str, batch: int = 1000) -> int:
+        owned = self._owned_key(node)
+        items = self._writer.call(lambda c: list(c.hscan_iter(owned, count=batch)))
+        for i in range(0, len(items), batch):
+            def run(client, chunk=items[i:i + batch]):
+                pipe = self._pipeline(client)
+                for key_hex, root_hex in chunk:
+                    pipe.hdel(f"{self._prefix}:{{{_text(root_hex)}}}:p:{_text(key_hex)}", node)
+                return pipe.execute()
+
+            self._writer.call(run)
+
+        def forget(client):
+            pipe = self._pipeline(client)
             pipe.delete(owned)
             pipe.srem(f"{self._prefix}:{{nodes}}:all", node)
             return pipe.execute()
 
-        self._writer.call(run)
+        self._writer.call(forget)
         return len(items)

@@ -427,7 +427,7 @@ def test_server_errors_during_lookup_mean_redis_is_down(redis_server, reply):
     assert b.flush()
     real, calls = b._eval_lookup, [0]
 
-    def failing(client, names):
+    def failing(client, names, me):
         calls[0] += 1
         raise BaseParser.parse_error(reply)  # exactly what redis-py raises for that server reply
 

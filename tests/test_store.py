@@ -470,4 +470,4 @@ def test_cli_format_and_inspect(tmp_path, capsys):
     s.close()
     assert cli_main(["inspect", path, "--verify"]) == 0
     out = capsys.readouterr().out
-    assert "5 used" in out and "node-b (clean)" in out and "errors: 0" in out
+    assert "5 used" in out and "node-b on" in out and "(closed cleanly)" in out and "errors: 0" in out

@@ -61,7 +61,8 @@ def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id
                                    create_bytes=cfg.capacity if fresh else 0, partitions=cfg.partitions,
                                    io_engine=cfg.io_engine, queue_depth=cfg.queue_depth, direct=cfg.direct,
                                    sync=cfg.sync, eviction=cfg.eviction, verify=cfg.verify,
-                                   coalesce_bytes=cfg.coalesce_bytes)
+                                   coalesce_bytes=cfg.coalesce_bytes, lease_s=cfg.lease_s,
+                                   force_takeover=cfg.force_takeover)
         except (FormatError, RuntimeError) as exc:
             raise ConfigError(f"path: {exc}") from None
     finally:

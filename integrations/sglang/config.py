@@ -63,6 +63,8 @@ class BackendConfig:
     verify: str = "auto"
     eviction: str = LEAVES_FIRST
     coalesce_bytes: int = 1 << 20
+    lease_s: float = 15.0               # partition lease on the device; renewed every lease_s / 4
+    force_takeover: bool = False        # take a partition whose lease another host still renews
 
     @classmethod
     def keys(cls) -> frozenset:
@@ -107,7 +109,7 @@ class BackendConfig:
             raise ConfigError(f"node_id: expected 1-40 bytes without braces, colons or spaces, got {self.node_id!r}")
         if self.redis_url and not re.match(r"^(redis|rediss|unix)://", self.redis_url):
             raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
-        for name in ("lookup_timeout_s", "connect_timeout_s", "heartbeat_s", "node_ttl_s"):
+        for name in ("lookup_timeout_s", "connect_timeout_s", "heartbeat_s", "node_ttl_s", "lease_s"):
             v = getattr(self, name)
             if not math.isfinite(v) or v <= 0:  # nan compares false with everything; inf never times out
                 raise ConfigError(f"{name}: expected a positive, finite number of seconds, got {v!r}")
@@ -129,14 +131,14 @@ class BackendConfig:
 
 def _size(name: str, raw: Any) -> int:
     """4096, '256KiB', '4MiB', '2TB' -> bytes."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    if not isinstance(raw, (str, float)):
+    if isinstance(raw, bool) or not isinstance(raw, (int, str, float)):
         raise ConfigError(f"{name}: expected a size in bytes (e.g. 4096 or '10GiB'), got {raw!r}")
+    if raw == 0 or raw == "0":  # capacity 0: do not create; page_bytes 0: the pools' largest page
+        return 0
     try:
         return parse_size(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected a size in bytes (e.g. 4096 or '10GiB'), got {raw!r}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 _SIZES = {"capacity", "page_bytes", "coalesce_bytes"}

@@ -1,0 +1,15 @@
+"""Build script: metadata lives in setup.cfg; this file only adds the io_uring extension.
+
+The extension links the system liburing (Debian/Ubuntu: liburing-dev, which scripts/setup.sh
+installs). It is optional: where liburing's headers are missing the build skips it with a
+warning, and the page store uses its preadv/pwritev thread pool instead (it says so at open).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("radixtier.storage._uring", ["storage/_uring.c"], libraries=["uring"], optional=True,
+                  extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"]),
+    ],
+)

@@ -1,0 +1,128 @@
+"""The prefix index under hostile data and wrong credentials (real redis-server processes)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+import pytest
+import redis
+
+from radixtier.storage.records import encode_record
+from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
+
+from redis_server import RedisServer
+from test_redis_index import index, rec
+
+
+def k(i: int) -> bytes:
+    return hashlib.blake2b(f"h{i}".encode(), digest_size=16).digest()
+
+
+def publish_chain(ix: RedisPrefixIndex, first: int, n: int) -> list:
+    keys = [k(first + i) for i in range(n)]
+    ix.publish(keys[0], keys, [rec(ix.node_id, first + i) for i in range(n)])
+    assert ix.flush()
+    return keys
+
+
+@pytest.fixture
+def acl_server(tmp_path):
+    srv = RedisServer(str(tmp_path / "acl"), extra=[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all",
+        "--user", "pinger", "on", ">pw", "~*", "+ping",
+        "--user", "elsewhere", "on", ">pw", "~other:*", "+@all",
+        "--user", "radix", "on", ">pw", "~*", "&*", "+@all"])
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("user", ["pinger", "elsewhere"])
+def test_a_user_without_the_needed_rights_is_refused_at_start(acl_server, user):
+    with pytest.raises(ValueError, match=rf"redis_username: user '{user}' lacks permission for SET .*radixtier:test"):
+        index(acl_server.url, "node-a", username=user, password="pw")
+
+
+def test_rights_lost_at_run_time_show_in_health_without_log_spam(acl_server, caplog):
+    a = index(acl_server.url, "node-a", username="radix", password="pw")
+    publish_chain(a, 0, 2)
+    assert a.health()["writer_up"] and not a.health()["access_denied"]
+    admin = redis.Redis.from_url(acl_server.url)
+    admin.acl_setuser("radix", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-@write", "-@scripting"], reset_keys=True, reset_channels=True)
+    caplog.set_level(logging.WARNING, logger="radixtier.storage.redis")
+    a.publish(k(50), [k(50)], [rec("node-a", 50)])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not a.health()["access_denied"]:
+        time.sleep(0.05)
+    h = a.health()
+    assert h["access_denied"] and "permission" in h["access_denied"] and not h["writer_up"]
+    time.sleep(1.0)
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) <= 4  # was ~17 a second
+    admin.acl_setuser("radix", enabled=True, commands=["+@all"])  # rights back: health recovers
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and a.health()["access_denied"]:
+        time.sleep(0.05)
+    assert not a.health()["access_denied"] and a.flush(timeout=5)
+    a.close()
+
+
+@pytest.mark.parametrize("field, value", [("ssl_ca_certs", "/etc/ssl/ca.pem"), ("ssl_certfile", "c.pem"),
+                                          ("ssl_keyfile", "k.pem"), ("ssl_cert_reqs", "none")])
+def test_tls_options_on_a_plaintext_url_are_refused(field, value):
+    cfg = RedisIndexConfig(url="redis://127.0.0.1:1/0", heartbeat_s=0.2)
+    setattr(cfg, field, value)
+    with pytest.raises(ValueError, match=rf"^{field}: .*redis_url 'redis://127.0.0.1:1/0' is not rediss://"):
+        RedisPrefixIndex(cfg)
+
+
+def test_an_oversized_value_does_not_switch_lookups_off(redis_server):
+    a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
+    bad = publish_chain(a, 0, 4)
+    good = publish_chain(a, 100, 4)
+    raw = redis.Redis.from_url(redis_server.url)
+    raw.hset(b._page_key(bad[0], bad[1]), "node-x", b"\0" * (64 << 20))  # 64 MiB in one page's hash
+    for _ in range(5):
+        assert len(b.lookup(bad[0], bad)) == 4  # the oversized field is skipped on the server
+        assert len(b.lookup(good[0], good)) == 4
+    assert b.up and b.health()["lookup_failures"] == 0
+    a.close()
+    b.close()
+
+
+def test_a_page_held_by_many_nodes_returns_a_bounded_sample(redis_server):
+    b = index(redis_server.url, "node-b", lookup_timeout_s=0.5)
+    raw = redis.Redis.from_url(redis_server.url)
+    keys = [k(1000 + i) for i in range(512)]
+    holders = [f"n{j}" for j in range(64)]
+    pipe = raw.pipeline(transaction=False)
+    for j, node in enumerate(holders):
+        pipe.set(b._node_key(node), "alive", px=60_000)
+        pipe.sadd(f"{b._prefix}:{{nodes}}:all", node)
+        for i, key in enumerate(keys):
+            pipe.hset(b._page_key(keys[0], key), node, encode_record(rec(node, i * 64 + j)))
+    pipe.execute()
+    run = b.lookup(keys[0], keys)
+    assert len(run) == 512
+    assert all(1 <= len(recs) <= b.config.lookup_max_holders for recs in run)
+    assert len({r.node_id for recs in run for r in recs}) > b.config.lookup_max_holders  # a sample, not a fixed few
+    b.close()
+
+
+def test_a_node_set_full_of_junk_ids_does_not_stall_lookups_or_gc(redis_server):
+    a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
+    keys = publish_chain(a, 0, 8)
+    raw = redis.Redis.from_url(redis_server.url)
+    all_key = f"{b._prefix}:{{nodes}}:all"
+    for start in range(0, 300_000, 10_000):
+        raw.sadd(all_key, *[f"fake{i}" for i in range(start, start + 10_000)])
+    for _ in range(20):
+        assert len(b.lookup(keys[0], keys)) == 8
+    assert b.up and b.health()["lookup_failures"] == 0
+    t0 = time.monotonic()
+    b.collect_garbage()  # one pass handles a bounded slice of the set
+    assert time.monotonic() - t0 < 10
+    assert raw.scard(all_key) < 300_000 and raw.sismember(all_key, "node-a")
+    a.close()
+    b.close()
