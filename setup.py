@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("radixtier.storage._uring", ["storage/_uring.c"], libraries=["uring"], optional=True,
+        Extension("radixtier.storage.nvmeof._uring", ["storage/nvmeof/_uring.c"], libraries=["uring"], optional=True,
                   extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"]),
     ],
 )

@@ -18,9 +18,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from radixtier.storage.page_store import PageLocation  # noqa: E402
-from radixtier.storage.prefix_index import PageRecord  # noqa: E402
-from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex  # noqa: E402
+from radixtier.storage.api import PageLocation  # noqa: E402
+from radixtier.storage.api import PageRecord  # noqa: E402
+from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex  # noqa: E402
 
 
 def pct(xs, p):

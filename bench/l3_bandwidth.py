@@ -27,8 +27,8 @@ import torch
 from tqdm import tqdm
 
 from radixtier.cli import parse_bytes
-from radixtier.storage.nvmeof_store import NvmeofPageStore, format_namespace
-from radixtier.storage.layout import align_up
+from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
+from radixtier.storage.nvmeof.layout import align_up
 
 TARGET_VS_FIO = 0.85
 TARGET_VS_HICACHE = 5.0

@@ -15,8 +15,8 @@ import os
 import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.eviction import LEAVES_FIRST, EvictionOrder
-from radixtier.storage.page_store import BufferLike, PageLocation, PutResult, buffer_view
+from radixtier.storage.nvmeof.eviction import LEAVES_FIRST, EvictionOrder
+from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_view
 
 
 class OneFilePerPageStore:

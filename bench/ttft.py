@@ -44,11 +44,11 @@ from naive_store import OneFilePerPageStore  # noqa: E402
 
 from radixtier.cache import CacheConfig, TieredKVCache  # noqa: E402
 from radixtier.hashing import KVNamespace  # noqa: E402
-from radixtier.serving import RecomputePath, TieredPath, percentile, serve, summarize  # noqa: E402
-from radixtier.storage.nvmeof_store import NvmeofPageStore  # noqa: E402
-from radixtier.storage.prefix_index import InProcessIndex  # noqa: E402
-from radixtier.toymodel import SIZES, ModelSpec, ToyLlama  # noqa: E402
-from radixtier.workloads import Session, agent_types, document_chat  # noqa: E402
+from radixtier.demo.serving import RecomputePath, TieredPath, percentile, serve, summarize  # noqa: E402
+from radixtier.storage.nvmeof.store import NvmeofPageStore  # noqa: E402
+from radixtier.storage.index.inprocess import InProcessIndex  # noqa: E402
+from radixtier.demo.toymodel import SIZES, ModelSpec, ToyLlama  # noqa: E402
+from radixtier.demo.workloads import Session, agent_types, document_chat  # noqa: E402
 
 PATHS = ("recompute", "local-disk", "radixtier")
 SEEDS = {"ttft_reduction_vs_local_disk": (0.26, 0.32), "throughput_gain_vs_local_disk": (0.29, 0.40),

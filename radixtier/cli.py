@@ -19,7 +19,7 @@ def parse_bytes(text: str) -> int:
 
 
 def _cmd_format(a: argparse.Namespace) -> int:
-    from radixtier.storage.nvmeof_store import format_namespace
+    from radixtier.storage.nvmeof.store import format_namespace
 
     sb = format_namespace(a.path, a.page_bytes, a.capacity, a.partitions, force=a.force)
     print(f"formatted {a.path}: uuid {sb.uuid}, {sb.slot_count} slots of {sb.page_bytes} bytes "
@@ -30,7 +30,7 @@ def _cmd_format(a: argparse.Namespace) -> int:
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from radixtier.storage.inspect import inspect_namespace
+    from radixtier.storage.nvmeof.inspect import inspect_namespace
 
     bar = tqdm(desc="verify", unit="page", file=sys.stderr, disable=not a.verify, delay=0.5)  # silent if quick
     try:
@@ -63,19 +63,22 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
-    from radixtier.demo import run_demo
+    from radixtier.demo.run import run_demo
 
     return run_demo(a)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser; the demo's own options (which import torch and the toy model) are added only
+    when `command` is "demo", so format/inspect stay light."""
     ap = argparse.ArgumentParser(prog="radixtier",
                                  description="Three-tier (HBM / DRAM / NVMe-oF) prefix KV cache for SGLang.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("demo", help="serve a multi-turn and an agent workload through the tiers; TTFT vs recompute")
-    from radixtier.demo import add_demo_arguments
+    if command == "demo":
+        from radixtier.demo.run import add_demo_arguments
 
-    add_demo_arguments(d)
+        add_demo_arguments(d)
     d.set_defaults(fn=_cmd_demo)
     f = sub.add_parser("format", help="format a block device or file as a radixtier namespace")
     f.add_argument("path", help="block device (e.g. /dev/nvme1n1) or file")
@@ -94,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = build_parser()
-    a = ap.parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    ap = build_parser(next((x for x in args if not x.startswith("-")), None))
+    a = ap.parse_args(args)
     if not getattr(a, "fn", None):
         ap.print_help()
         return 2

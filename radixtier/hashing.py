@@ -14,8 +14,16 @@ from typing import Any, Iterable, List, Optional
 
 import numpy as np
 
-DIGEST_BYTES = 16
+KEY_BYTES = 16  # every page key, in every tier, index and namespace, is this long
+DIGEST_BYTES = KEY_BYTES
 _HASH_VERSION = b"radixtier/page-hash/v1"
+
+
+def page_key(data: bytes) -> bytes:
+    """The one page-key function: a 16-byte blake2b digest. Token pages chain it over
+    (parent key || tokens) (PageHasher.chain); the SGLang plugin applies it to SGLang's own page
+    hash plus what makes the bytes differ per rank and layout (integrations/sglang/keys.py)."""
+    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
 
 
 def _validated_token_array(arr: np.ndarray, source: str) -> np.ndarray:
@@ -76,7 +84,7 @@ class KVNamespace:
 
     def digest(self) -> bytes:
         text = "\x1f".join([self.model, self.dtype, self.layout, str(self.page_size), self.tenant])
-        return hashlib.blake2b(_HASH_VERSION + b"\x00" + text.encode(), digest_size=DIGEST_BYTES).digest()
+        return page_key(_HASH_VERSION + b"\x00" + text.encode())
 
     def tag(self) -> str:
         """Short printable id, used to prefix index keys."""
@@ -109,7 +117,7 @@ class PageHasher:
         step = ps * 8
         blake = hashlib.blake2b
         for i in range(end - start_page):
-            prev = blake(prev + buf[i * step:(i + 1) * step], digest_size=DIGEST_BYTES).digest()
+            prev = blake(prev + buf[i * step:(i + 1) * step], digest_size=KEY_BYTES).digest()  # page_key, inlined
             out.append(prev)
         return out
 

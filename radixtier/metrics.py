@@ -23,6 +23,7 @@ class CacheStats:
         self.pages_moved: Dict[str, int] = {d: 0 for d in DIRECTIONS}
         self.failures: Dict[str, int] = defaultdict(int)
         self.evictions: Dict[str, int] = {t.label: 0 for t in Tier}
+        self.inline_spill_pages = 0  # host victims staged and written down at eviction time
         self.requests = 0
 
     def record_lookup(self, total_tokens: int, hits_by_tier: Dict[Tier, int]) -> None:
@@ -48,6 +49,10 @@ class CacheStats:
         with self._lock:
             self.evictions[tier.label] += pages
 
+    def record_inline_spill(self, pages: int) -> None:
+        with self._lock:
+            self.inline_spill_pages += pages
+
     def snapshot(self) -> Dict[str, object]:
         with self._lock:
             hit = sum(self.hit_tokens.values())
@@ -61,4 +66,5 @@ class CacheStats:
                 "pages_moved": dict(self.pages_moved),
                 "failures": dict(self.failures),
                 "evictions": dict(self.evictions),
+                "inline_spill_pages": self.inline_spill_pages,
             }

@@ -117,15 +117,9 @@ class PagePool:
     def page(self, slot: int) -> torch.Tensor:
         return self.buffer[slot]
 
-    def read(self, slots: Sequence[int], head_elements: Optional[int] = None) -> torch.Tensor:
-        """Gather pages into a new tensor [len(slots), *page_shape] on the pool's device; with
-        `head_elements`, only that many leading elements of each (flattened) page: [n, head_elements]."""
-        if head_elements is None:
-            return self.buffer.index_select(0, self.index(slots))
-        flat = self.buffer.view(self.num_pages, -1)
-        if not 0 < head_elements <= flat.shape[1]:
-            raise ValueError(f"{self.name} pool read: head_elements must be in 1..{flat.shape[1]}, got {head_elements}")
-        return flat[:, :head_elements].index_select(0, self.index(slots))
+    def read(self, slots: Sequence[int]) -> torch.Tensor:
+        """Gather pages into a new tensor [len(slots), *page_shape] on the pool's device."""
+        return self.buffer.index_select(0, self.index(slots))
 
     def write(self, slots: Sequence[int], pages: torch.Tensor) -> None:
         expected: Tuple[int, ...] = (len(slots),) + self.page_shape

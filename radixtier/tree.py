@@ -6,18 +6,21 @@ Each node records its pages' tier presence, all-or-nothing per node for device a
 (slot lists into the page pools) and a leading-page count for storage (tier 3 evicts leaf
 pages one at a time). Per-tier eviction orders are leaves-first LRU (`EvictionOrder`).
 
-Not thread-safe by itself: `TieredKVCache` serialises access under its lock.
+Not thread-safe by itself: `TieredKVCache` serialises access under its lock. Two hooks let
+the owner keep state the tree does not: `busy(node)` (a node with work in flight elsewhere is
+neither pruned nor reused by `materialize`) and `on_split(node, head)` (a node was split and
+`head` took its first pages).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from radixtier.eviction import LEAVES_FIRST, EvictionOrder
+from radixtier.storage.nvmeof.eviction import LEAVES_FIRST, EvictionOrder
 from radixtier.hashing import PageHasher, as_token_array
 from radixtier.tiers import Tier
 
@@ -25,8 +28,11 @@ MEMORY_TIERS = (Tier.DEVICE, Tier.HOST)
 
 
 class Node:
+    """Tree state only: tokens, keys, tier presence, lock count and hits. Transfers in flight are
+    the cache's (its InFlight table), not the node's: the tree can be read and tested alone."""
+
     __slots__ = ("id", "parent", "children", "tokens", "keys", "device", "host", "storage_pages",
-                 "lock_ref", "hits", "pending", "loading", "backing", "writing", "filling")
+                 "lock_ref", "hits")
 
     def __init__(self, node_id: int, parent: Optional["Node"], tokens: np.ndarray, keys: List[bytes]) -> None:
         self.id = node_id
@@ -39,13 +45,6 @@ class Node:
         self.storage_pages = 0  # leading pages present in tier 3
         self.lock_ref = 0
         self.hits = 0
-        # In-flight transfers (futures), so concurrent requests join instead of repeating them:
-        self.pending = None  # storage/remote -> host promotion into this node
-        self.loading = None  # host -> device load
-        self.backing = None  # device -> host backup
-        self.writing = None  # host -> storage write
-        # Inserts placing KV under this node: it may lose slots meanwhile, but is never pruned.
-        self.filling = 0
 
     @property
     def num_pages(self) -> int:
@@ -105,8 +104,12 @@ class UsablePrefix:
 class RadixTree:
     """Prefix tree of KV pages with per-tier presence and leaves-first eviction orders."""
 
-    def __init__(self, hasher: PageHasher, eviction_mode: str = LEAVES_FIRST) -> None:
+    def __init__(self, hasher: PageHasher, eviction_mode: str = LEAVES_FIRST,
+                 busy: Optional[Callable[[Node], bool]] = None,
+                 on_split: Optional[Callable[[Node, Node], None]] = None) -> None:
         self.hasher = hasher
+        self._busy = busy or (lambda _node: False)
+        self._on_split = on_split
         self.page_size = hasher.page_size
         self._ids = itertools.count(1)
         self.root = Node(0, None, np.zeros(0, dtype="<i8"), [])
@@ -184,7 +187,6 @@ class RadixTree:
         node.storage_pages = max(0, node.storage_pages - k)
         head.lock_ref = node.lock_ref
         head.hits = node.hits
-        head.pending, head.loading, head.backing, head.writing = node.pending, node.loading, node.backing, node.writing
         head_key = self._child_key(head.tokens, 0)
         parent.children[head_key] = head
         head.children[self._child_key(node.tokens, 0)] = node
@@ -197,6 +199,8 @@ class RadixTree:
                 order = self.orders[tier]
                 order.add(head.id, self._order_parent(head), pinned=head.lock_ref > 0)
                 order.set_parent(node.id, head.id)
+        if self._on_split is not None:
+            self._on_split(node, head)
         return head
 
     def _assign(self, node: Node, tier: Tier, slots: List[int]) -> None:
@@ -242,7 +246,7 @@ class RadixTree:
         full = self.match(arr[:end_page * ps])
         out: List[Node] = []
         for node in full.nodes[len(head.nodes):]:
-            if node.has_presence() or node.pending is not None or node.loading is not None:
+            if node.has_presence() or self._busy(node):
                 return out
             out.append(node)
         new = self.extend(full, arr, end_page)
@@ -367,8 +371,8 @@ class RadixTree:
     def prune(self, node: Node) -> int:
         """Remove node and then its ancestors while each is an empty, unlocked leaf."""
         removed = 0
-        while (node is not self.root and not node.children and node.lock_ref == 0 and node.filling == 0
-               and not node.has_presence() and node.pending is None and node.loading is None):
+        while (node is not self.root and not node.children and node.lock_ref == 0
+               and not node.has_presence() and not self._busy(node)):
             parent = node.parent
             key = self._child_key(node.tokens, 0)
             if parent is None or parent.children.get(key) is not node:

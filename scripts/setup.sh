@@ -17,7 +17,7 @@ apt_install() {  # apt_install PACKAGE... : installs what is missing, or says wh
   { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "$@" >/dev/null; } \
     || { echo "setup: could not install $* with apt-get" >&2; return 1; }
 }
-# liburing's headers build radixtier's io_uring engine (storage/_uring.c); without them the page
+# liburing's headers build radixtier's io_uring engine (storage/nvmeof/_uring.c); without them the page
 # store uses its preadv/pwritev thread pool instead (and says so when it opens).
 if [ ! -f /usr/include/liburing.h ]; then
   apt_install liburing-dev || echo "setup: building without the io_uring engine" >&2
@@ -31,7 +31,7 @@ if [ ! -f "$stamp.base" ]; then
   touch "$stamp.base"
 fi
 # (re)build the io_uring extension when its source is newer than the built module, or it is missing
-if [ -f /usr/include/liburing.h ] && { ! ls storage/_uring*.so >/dev/null 2>&1 || [ storage/_uring.c -nt "$(ls storage/_uring*.so | head -1)" ]; }; then
+if [ -f /usr/include/liburing.h ] && { ! ls storage/nvmeof/_uring*.so >/dev/null 2>&1 || [ storage/nvmeof/_uring.c -nt "$(ls storage/nvmeof/_uring*.so | head -1)" ]; }; then
   pip install -q --no-build-isolation -e '.[demo]'
 fi
 if [ "$want_test" = 1 ]; then

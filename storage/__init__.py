@@ -1,5 +1,13 @@
-"""Tier 3 and metadata: the NVMe-oF page store, the prefix index (in-process or Redis), RDMA transport."""
+"""The storage layer both serving paths share: tier 3 (the NVMe-oF page store) and the prefix index.
 
-from radixtier.storage.page_store import PageLocation, PageStore, PutResult
+    api.py        PageStore / PrefixIndex protocols, PageLocation, PageRecord, PutResult
+    validate.py   shared value checks (node ids, sizes, seconds, modes)
+    publisher.py  publish / unpublish / remote run / republish, for the cache and the SGLang backend
+    nvmeof/       layout, target, lease, io engines, store, inspect, eviction order
+    index/        records, in-process index, Redis index
+    rdma.py       optional RDMA page transport
+"""
 
-__all__ = ["PageLocation", "PageStore", "PutResult"]
+from radixtier.storage.api import PageLocation, PageRecord, PageStore, PrefixIndex, PutResult
+
+__all__ = ["PageLocation", "PageRecord", "PageStore", "PrefixIndex", "PutResult"]

@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Tuple
 
-from radixtier.storage.layout import checksum
-from radixtier.storage.page_store import BufferLike, buffer_address, buffer_view
+from radixtier.storage.nvmeof.layout import checksum
+from radixtier.storage.api import BufferLike, buffer_address, buffer_view
 
 
 def rdma_available(device: Optional[str] = None) -> Tuple[bool, str]:

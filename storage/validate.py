@@ -23,3 +23,23 @@ def positive_seconds(field: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{field}: expected a positive, finite number of seconds, got {value!r}")
     return float(value)
+
+
+NODE_ID_MAX_BYTES = 48  # what a partition lease records; the SGLang plugin keeps 8 for its ".r<rank>" suffix
+VERIFY_MODES = ("auto", "none", "headers", "full")  # slot checks when a namespace is opened
+SSL_CERT_REQS = ("required", "optional", "none")
+
+
+def node_id(field: str, value: object, max_bytes: int = NODE_ID_MAX_BYTES) -> str:
+    """A node's id in leases and the index: 1..max_bytes bytes, no braces, colons or whitespace
+    (braces are Redis Cluster hash tags and colons separate index key parts)."""
+    if (not isinstance(value, str) or not value or len(value.encode()) > max_bytes
+            or any(c in value for c in "{}:") or any(c.isspace() for c in value)):
+        raise ValueError(f"{field}: expected 1-{max_bytes} bytes without braces, colons or spaces, got {value!r}")
+    return value
+
+
+def one_of(field: str, value: object, allowed: tuple) -> object:
+    if value not in allowed:
+        raise ValueError(f"{field}: expected one of {', '.join(map(str, allowed))}, got {value!r}")
+    return value

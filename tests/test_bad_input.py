@@ -12,7 +12,7 @@ import torch
 
 from radixtier.cli import main as cli_main
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
-from radixtier.storage.nvmeof_store import NvmeofPageStore, format_namespace
+from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
 from radixtier.units import parse_size
 
 PAGE = 16 << 10

@@ -10,8 +10,8 @@ import torch
 
 from radixtier.cache import CacheConfig, TieredKVCache
 from radixtier.hashing import PageHasher
-from radixtier.storage.nvmeof_store import NvmeofPageStore
-from radixtier.storage.page_store import PutResult
+from radixtier.storage.nvmeof.store import NvmeofPageStore
+from radixtier.storage.api import PutResult
 from radixtier.tiers import Tier
 
 from conftest import page_content

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from radixtier.storage.nvmeof_store import NvmeofPageStore
+from radixtier.storage.nvmeof.store import NvmeofPageStore
 from radixtier.tiers import Tier
 
 from test_cache import NUMEL, check_prefix, kv_for, make_cache

@@ -17,9 +17,9 @@ import shutil
 import pytest
 import torch
 
-from radixtier.storage.inspect import inspect_namespace
-from radixtier.storage.layout import FormatError
-from radixtier.storage.nvmeof_store import NvmeofPageStore
+from radixtier.storage.nvmeof.inspect import inspect_namespace
+from radixtier.storage.nvmeof.layout import FormatError
+from radixtier.storage.nvmeof.store import NvmeofPageStore
 
 PAGE = 8 << 10
 PAGES = 40

@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from radixtier.storage.io_engine import uring_unusable_reason
-from radixtier.storage.nvmeof_store import NvmeofPageStore
+from radixtier.storage.nvmeof.io_engine import uring_unusable_reason
+from radixtier.storage.nvmeof.store import NvmeofPageStore
 
 PAGE = 4096
 CALLS = 50_000  # per engine: half puts, half gets
@@ -68,10 +68,10 @@ def test_get_put_soak_keeps_mappings_and_rss_flat(tmp_path, engine):
 
 
 def test_io_uring_engine_is_built_where_liburing_is_installed():
-    """setup installs liburing-dev and builds storage/_uring.c; a broken build must not pass as a skip."""
+    """setup installs liburing-dev and builds storage/nvmeof/_uring.c; a broken build must not pass as a skip."""
     if not os.path.exists("/usr/include/liburing.h"):
         pytest.skip("liburing-dev is not installed here: the store runs its thread pool engine")
-    from radixtier.storage import _uring  # ImportError here means the normal install did not build it
+    from radixtier.storage.nvmeof import _uring  # ImportError here means the normal install did not build it
 
     reason = uring_unusable_reason()
     assert reason is None or "kernel refused" in reason, reason

@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from radixtier.storage.layout import BLOCK, LEASE_CLEAN, LEASE_HELD, LeaseRecord
-from radixtier.storage.lease import LeaseError
-from radixtier.storage.nvmeof_store import NvmeofPageStore, format_namespace, read_superblock
-from radixtier.storage.target import open_target, read_aligned, write_aligned
+from radixtier.storage.nvmeof.layout import BLOCK, LEASE_CLEAN, LEASE_HELD, LeaseRecord
+from radixtier.storage.nvmeof.lease import LeaseError
+from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace, read_superblock
+from radixtier.storage.nvmeof.target import open_target, read_aligned, write_aligned
 
 PAGE = 16 << 10
 
@@ -47,7 +47,7 @@ def loop_over_file(tmp_path):
 def _open_in_child(path: str, partition: int = 0, extra: str = "") -> subprocess.CompletedProcess:
     code = textwrap.dedent(f"""
         import sys
-        from radixtier.storage.nvmeof_store import NvmeofPageStore
+        from radixtier.storage.nvmeof.store import NvmeofPageStore
         try:
             s = NvmeofPageStore({path!r}, {PAGE}, partition={partition}, node_id="child"{extra})
         except RuntimeError as e:
@@ -176,7 +176,7 @@ def test_each_partition_lease_has_its_own_block(tmp_path):
 
 CRASHER = """
 import os, signal, sys
-from radixtier.storage.nvmeof_store import NvmeofPageStore
+from radixtier.storage.nvmeof.store import NvmeofPageStore
 try:
     s = NvmeofPageStore({path!r}, {page}, partition=int(sys.argv[1]), node_id="n" + sys.argv[1])
 except RuntimeError:

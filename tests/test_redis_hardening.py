@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
-from radixtier.storage.records import encode_record
-from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
+from radixtier.storage.index.records import encode_record
+from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 
 from redis_server import RedisServer
 from test_redis_index import index, rec

@@ -17,10 +17,10 @@ import torch
 
 from radixtier.cache import CacheConfig, TieredKVCache
 from radixtier.hashing import KVNamespace, PageHasher
-from radixtier.storage.nvmeof_store import NvmeofPageStore, format_namespace
-from radixtier.storage.page_store import PageLocation
-from radixtier.storage.prefix_index import PageRecord
-from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
+from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
+from radixtier.storage.api import PageLocation
+from radixtier.storage.api import PageRecord
+from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 from radixtier.tiers import Tier
 
 from conftest import page_content
@@ -233,8 +233,8 @@ NODE_A = textwrap.dedent("""
     from conftest import page_content
     from radixtier.cache import CacheConfig, TieredKVCache
     from radixtier.hashing import KVNamespace, PageHasher
-    from radixtier.storage.nvmeof_store import NvmeofPageStore
-    from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
+    from radixtier.storage.nvmeof.store import NvmeofPageStore
+    from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
     ns = KVNamespace("m", "int32", "flat", 4)
     store = NvmeofPageStore({path!r}, 4096, partition=0, node_id="node-a")
     idx = RedisPrefixIndex(RedisIndexConfig(url={url!r}, node_id="node-a", namespace=ns.tag(), heartbeat_s=0.2,

@@ -15,10 +15,10 @@ pytest.importorskip("transformers", reason="the toy model needs transformers (ba
 
 from radixtier.cache import CacheConfig, TieredKVCache  # noqa: E402
 from radixtier.hashing import KVNamespace  # noqa: E402
-from radixtier.serving import RecomputePath, TieredPath, serve, summarize  # noqa: E402
-from radixtier.storage.nvmeof_store import NvmeofPageStore  # noqa: E402
-from radixtier.toymodel import ModelSpec, ToyLlama  # noqa: E402
-from radixtier.workloads import agent_types, document_chat, multi_turn_chat  # noqa: E402
+from radixtier.demo.serving import RecomputePath, TieredPath, serve, summarize  # noqa: E402
+from radixtier.storage.nvmeof.store import NvmeofPageStore  # noqa: E402
+from radixtier.demo.toymodel import ModelSpec, ToyLlama  # noqa: E402
+from radixtier.demo.workloads import agent_types, document_chat, multi_turn_chat  # noqa: E402
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 

@@ -30,7 +30,7 @@ from radixtier.integrations.sglang.attach import index_node_id  # noqa: E402
 from radixtier.integrations.sglang.backend import RadixTierStorage  # noqa: E402
 from radixtier.integrations.sglang.config import ConfigError  # noqa: E402
 from radixtier.integrations.sglang.keys import RankIdentity  # noqa: E402
-from radixtier.storage.layout import HEADER_BYTES  # noqa: E402
+from radixtier.storage.nvmeof.layout import HEADER_BYTES  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 PAGE = 16

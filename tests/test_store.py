@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from radixtier.cli import main as cli_main
-from radixtier.storage.io_engine import uring_unusable_reason
-from radixtier.storage.layout import BLOCK, HEADER_BYTES, FormatError
-from radixtier.storage.nvmeof_store import NvmeofPageStore, format_namespace
-from radixtier.storage.page_store import buffer_address
+from radixtier.storage.nvmeof.io_engine import uring_unusable_reason
+from radixtier.storage.nvmeof.layout import BLOCK, HEADER_BYTES, FormatError
+from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
+from radixtier.storage.api import buffer_address
 
 from conftest import page_content
 
@@ -244,7 +244,7 @@ def test_a_failed_write_returns_its_slots(tmp_path, monkeypatch):
     def broken_sync(fd):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("radixtier.storage.nvmeof_store.os.fdatasync", broken_sync)
+    monkeypatch.setattr("radixtier.storage.nvmeof.store.os.fdatasync", broken_sync)
     with pytest.raises(OSError):
         s.put([key(i) for i in range(3)], [content(i) for i in range(3)])
     monkeypatch.undo()
@@ -296,8 +296,8 @@ WRITER = textwrap.dedent("""
     import hashlib, os, signal, sys, numpy as np, torch
     sys.path.insert(0, {tests!r})
     from conftest import page_content
-    from radixtier.storage import nvmeof_store
-    from radixtier.storage.nvmeof_store import NvmeofPageStore
+    from radixtier.storage.nvmeof import store as nvmeof_store
+    from radixtier.storage.nvmeof.store import NvmeofPageStore
     s = NvmeofPageStore({path!r}, {page}, create_bytes=32 << 20, partition={part}, node_id="writer")
     crash_at, crash_in = {crash_at}, {crash_in!r}
     puts = 0
@@ -380,8 +380,8 @@ READER = textwrap.dedent("""
     import json, sys, torch
     sys.path.insert(0, {tests!r})
     from conftest import page_content
-    from radixtier.storage.nvmeof_store import NvmeofPageStore
-    from radixtier.storage.page_store import PageLocation
+    from radixtier.storage.nvmeof.store import NvmeofPageStore
+    from radixtier.storage.api import PageLocation
     s = NvmeofPageStore({path!r}, {page}, partition=1, node_id="node-b")
     good = 0
     for rec in json.loads(sys.stdin.read()):
@@ -417,7 +417,7 @@ def test_same_partition_twice_is_refused(tmp_path):
     a = open_store(path)
     with pytest.raises(RuntimeError, match="already open"):
         NvmeofPageStore(path, PAGE)
-    code = ("import sys\nfrom radixtier.storage.nvmeof_store import NvmeofPageStore\n"
+    code = ("import sys\nfrom radixtier.storage.nvmeof.store import NvmeofPageStore\n"
             f"try:\n    NvmeofPageStore({path!r}, {PAGE})\nexcept RuntimeError as e:\n    print(e); sys.exit(3)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and "another process" in out.stdout

@@ -11,12 +11,14 @@ import fcntl
 import logging
 import os
 import threading
-from typing import Dict, Optional
+from typing import Dict
 
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
-from radixtier.storage.layout import FormatError
-from radixtier.storage.nvmeof_store import NvmeofPageStore, read_superblock
-from radixtier.storage.prefix_index import InProcessIndex, InProcessRegistry, PrefixIndex, store_records
+from radixtier.storage.nvmeof.layout import FormatError
+from radixtier.storage.nvmeof.store import NvmeofPageStore, read_superblock
+from radixtier.storage.api import PrefixIndex
+from radixtier.storage.index.inprocess import InProcessIndex, InProcessRegistry
+from radixtier.storage.publisher import store_records
 
 log = logging.getLogger("radixtier.sglang")
 
@@ -79,18 +81,12 @@ def open_index(cfg: BackendConfig, store: NvmeofPageStore, node_id: str) -> Pref
         index = InProcessIndex(node_id, registry)
         for root, key, rec in store_records(store, node_id):
             index.publish(root, [key], [rec])
-        return index
-    from radixtier.storage.redis_index import RedisIndexConfig, RedisPrefixIndex
+        return index  # the backend's Publisher sets its republisher (Redis uses it after outages)
+    from radixtier.storage.index.redis_index import RedisPrefixIndex
 
-    rc = RedisIndexConfig(url=cfg.redis_url, node_id=node_id, namespace=cfg.redis_namespace,
-                          key_prefix=cfg.redis_key_prefix, username=cfg.redis_username,
-                          password=cfg.redis_password, cluster=cfg.redis_cluster,
-                          lookup_timeout_s=cfg.lookup_timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                          heartbeat_s=cfg.heartbeat_s, node_ttl_s=cfg.node_ttl_s, ssl_ca_certs=cfg.ssl_ca_certs,
-                          ssl_certfile=cfg.ssl_certfile, ssl_keyfile=cfg.ssl_keyfile,
-                          ssl_cert_reqs=cfg.ssl_cert_reqs)
+    rc = cfg.index_config(node_id)
     try:
-        return RedisPrefixIndex(rc, republish=lambda: store_records(store, node_id))
+        return RedisPrefixIndex(rc)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -102,8 +98,3 @@ def index_node_id(node_id: str, rank_index: int, sole_rank: bool) -> str:
     or they overwrite each other's records and one rank's close() makes the others look dead.
     """
     return node_id if sole_rank else f"{node_id}.r{rank_index}"
-
-
-def flush_index(index: Optional[PrefixIndex], timeout: float = 10.0) -> bool:
-    flush = getattr(index, "flush", None)
-    return True if flush is None else bool(flush(timeout))

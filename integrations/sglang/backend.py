@@ -25,11 +25,12 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolHitPolicy, PoolTransfer, PoolTransferResult)
 
-from radixtier.integrations.sglang.attach import flush_index, index_node_id, open_index, open_partition
+from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
 from radixtier.integrations.sglang.keys import (KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true,
                                                 split_segments)
-from radixtier.storage.prefix_index import PageRecord
+from radixtier.storage.api import PageRecord
+from radixtier.storage.publisher import Publisher
 
 log = logging.getLogger("radixtier.sglang")
 
@@ -37,7 +38,7 @@ V1, FLAT = "v1", "flat"
 _HINTS = 65536  # remote page locations remembered between batch_exists and the read that follows
 
 
-class _Transfers:
+class _BackendCounters:
     """Per-interval page counts and bandwidths, in the shape SGLang's StorageMetrics wants."""
 
     def __init__(self) -> None:
@@ -80,10 +81,11 @@ class RadixTierStorage(HiCacheStorage):
         self._open_lock = threading.Lock()
         self._store = None
         self._index = None
+        self._publisher: Optional[Publisher] = None
         self._closed = False
         self._hints: "OrderedDict[bytes, PageRecord]" = OrderedDict()
         self._hints_lock = threading.Lock()
-        self._stats = _Transfers()
+        self._stats = _BackendCounters()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
         self._warned_no_prefix = False
         log.info("radixtier: HiCache backend for %s rank %d (tp %d/%d, pp %d/%d, dp %d%s) on %s, index %s as %s",
@@ -135,6 +137,7 @@ class RadixTierStorage(HiCacheStorage):
                 except BaseException:
                     store.close()
                     raise
+                self._publisher = Publisher(store, self._index)
                 self._store = store
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
@@ -348,20 +351,10 @@ class RadixTierStorage(HiCacheStorage):
 
     def _remote_records(self, root: bytes, keys: Sequence[bytes]) -> List[PageRecord]:
         """Records for the leading run of `keys` that other live nodes hold in our namespace."""
-        if self._index is None or not keys:
+        publisher = self._publisher
+        if publisher is None or not keys:
             return []
-        try:
-            runs = self._index.lookup(root, keys)
-        except Exception as exc:  # the index is advisory: serve from local pages
-            log.warning("radixtier: prefix index lookup failed, local pages only: %s", exc)
-            return []
-        out: List[PageRecord] = []
-        uuid = self._store.uuid
-        for recs in runs:
-            rec = next((r for r in recs if r.tier == "storage" and r.location.namespace == uuid), None)
-            if rec is None:
-                break
-            out.append(rec)
+        out = publisher.remote_run(root, keys)
         with self._hints_lock:
             for key, rec in zip(keys, out):
                 self._hints[key] = rec
@@ -422,21 +415,8 @@ class RadixTierStorage(HiCacheStorage):
         return list(res.ok)
 
     def _publish(self, chain: Chain, ok: List[bool], evicted: List[bytes]) -> None:
-        if self._index is None:
-            return
-        try:
-            if evicted:
-                self._index.unpublish(evicted)
-            keys, recs = [], []
-            for key, good in zip(chain.keys, ok):
-                loc = self._store.location(key) if good else None
-                if loc is not None:
-                    keys.append(key)
-                    recs.append(PageRecord(self.node_id, "storage", loc))
-            if keys:
-                self._index.publish(chain.root, keys, recs)
-        except Exception as exc:  # the index is advisory
-            log.warning("radixtier: prefix index publish failed: %s", exc)
+        if self._publisher is not None:
+            self._publisher.stored(chain.root, chain.keys, ok, evicted)
 
     @staticmethod
     def _page_nbytes(buf) -> int:
@@ -456,15 +436,15 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- housekeeping
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until the index has every record published so far (tests, orderly shutdown)."""
-        return flush_index(self._index, timeout)
+        return True if self._publisher is None else self._publisher.flush(timeout)
 
     def clear(self) -> bool:
         try:
             store = self.store
             keys = [k for k, _p, _l in store.entries()]
             store.clear()
-            if self._index is not None and keys:
-                self._index.unpublish(keys)
+            if self._publisher is not None:
+                self._publisher.removed(keys)
             with self._hints_lock:
                 self._hints.clear()
             log.info("radixtier: cleared %d pages from %s partition %d", len(keys), self.config.path, store.partition)
@@ -490,9 +470,8 @@ class RadixTierStorage(HiCacheStorage):
             totals = dict(self._stats.totals)
         if self._store is not None:
             totals["store"] = self._store.stats()
-        health = getattr(self._index, "health", None)
-        if health is not None:
-            totals["index"] = health()
+        if self._publisher is not None:
+            totals["index"] = self._publisher.health()
         return totals
 
     def close(self) -> None:
@@ -501,7 +480,7 @@ class RadixTierStorage(HiCacheStorage):
                 return
             self._closed = True
             index, store = self._index, self._store
-            self._index = self._store = None
+            self._index = self._store = self._publisher = None
         try:
             if index is not None:
                 index.close()

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import difflib
 import math
-import os
-import re
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional
 
-from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST
-from radixtier.storage.io_engine import ENGINES
+from radixtier.storage import validate
+from radixtier.storage.index.redis_index import RedisIndexConfig
+from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST
+from radixtier.storage.nvmeof.io_engine import ENGINES
 from radixtier.units import parse_size
 
 # Keys SGLang itself reads from the same JSON object; accepted and left to SGLang.
@@ -23,9 +23,23 @@ SGLANG_KEYS = frozenset({
     "backend_name", "module_path", "class_name", "interface_v1", "hicache_storage_pass_prefix_keys",
     "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token", "tp_lcm_size",
 })
-VERIFY_MODES = ("auto", "none", "headers", "full")
-SSL_CERT_REQS = ("required", "optional", "none")
+# extra_config keys that configure the prefix index -> the RedisIndexConfig field each one sets.
+# The index's settings have one type (RedisIndexConfig); these are only their names in SGLang's JSON.
+REDIS_KEYS = {
+    "redis_url": "url", "redis_username": "username", "redis_password": "password",
+    "redis_namespace": "namespace", "redis_key_prefix": "key_prefix", "redis_cluster": "cluster",
+    "lookup_timeout_s": "lookup_timeout_s", "connect_timeout_s": "connect_timeout_s",
+    "heartbeat_s": "heartbeat_s", "node_ttl_s": "node_ttl_s", "ssl_ca_certs": "ssl_ca_certs",
+    "ssl_certfile": "ssl_certfile", "ssl_keyfile": "ssl_keyfile", "ssl_cert_reqs": "ssl_cert_reqs",
+    "lookup_max_holders": "lookup_max_holders", "record_max_bytes": "record_max_bytes",
+}
+_FIELD_KEY = {f: k for k, f in REDIS_KEYS.items()}
+NODE_ID_BASE_BYTES = validate.NODE_ID_MAX_BYTES - 8  # room for the ".r<rank>" suffix of multi-rank nodes
 
+
+def _default_redis() -> RedisIndexConfig:
+    """No Redis until redis_url is set; one key space per SGLang deployment by default."""
+    return RedisIndexConfig(url="", namespace="sglang")
 
 
 class ConfigError(ValueError):
@@ -42,20 +56,7 @@ class BackendConfig:
     partition: int = 0                  # this node's first partition; rank r writes partition + r
     page_bytes: int = 0                 # slot size; 0 = the largest page of the registered host pools
     node_id: str = field(default_factory=lambda: socket.gethostname().split(".")[0] or "node")
-    redis_url: str = ""                 # empty: no cross-node index (pages of this node only)
-    redis_username: Optional[str] = None
-    redis_password: Optional[str] = None
-    redis_namespace: str = "sglang"
-    redis_key_prefix: str = "radixtier"
-    redis_cluster: bool = False
-    lookup_timeout_s: float = 0.05
-    connect_timeout_s: float = 0.2
-    heartbeat_s: float = 1.0
-    node_ttl_s: float = 5.0
-    ssl_ca_certs: Optional[str] = None
-    ssl_certfile: Optional[str] = None
-    ssl_keyfile: Optional[str] = None
-    ssl_cert_reqs: str = "required"
+    redis: RedisIndexConfig = field(default_factory=_default_redis)  # the REDIS_KEYS; url "" = no Redis
     io_engine: str = "auto"
     queue_depth: int = 16
     direct: bool = True
@@ -68,7 +69,16 @@ class BackendConfig:
 
     @classmethod
     def keys(cls) -> frozenset:
-        return frozenset(f.name for f in fields(cls))
+        return frozenset(f.name for f in fields(cls) if f.name != "redis") | frozenset(REDIS_KEYS)
+
+    @property
+    def redis_url(self) -> str:
+        """The prefix index's URL; empty: no cross-node index (this node's pages only)."""
+        return self.redis.url
+
+    def index_config(self, node_id: str) -> RedisIndexConfig:
+        """The Redis index settings for one rank's identity."""
+        return replace(self.redis, node_id=node_id)
 
     @classmethod
     def from_extra_config(cls, extra: Optional[Mapping[str, Any]]) -> "BackendConfig":
@@ -88,9 +98,12 @@ class BackendConfig:
                 raise ConfigError(f"extra_config: unknown key {key!r}{hint} (radixtier keys: "
                                   f"{', '.join(sorted(known))})")
         cfg = cls()
-        values: Dict[str, Any] = {k: v for k, v in extra.items() if k in known}
-        for name, raw in values.items():
-            setattr(cfg, name, _coerce(name, raw, getattr(cfg, name)))
+        for name, raw in extra.items():
+            if name in REDIS_KEYS:
+                target = REDIS_KEYS[name]
+                setattr(cfg.redis, target, _coerce(name, raw, getattr(cfg.redis, target)))
+            elif name in known:
+                setattr(cfg, name, _coerce(name, raw, getattr(cfg, name)))
         cfg.check()
         return cfg
 
@@ -105,28 +118,21 @@ class BackendConfig:
                 raise ConfigError(f"{name}: expected a non-negative integer, got {getattr(self, name)!r}")
         if self.page_bytes and self.page_bytes % 512:
             raise ConfigError(f"page_bytes: expected a multiple of 512, got {self.page_bytes}")
-        if not self.node_id or len(self.node_id.encode()) > 40 or re.search(r"[{}:\s]", self.node_id):
-            raise ConfigError(f"node_id: expected 1-40 bytes without braces, colons or spaces, got {self.node_id!r}")
-        if self.redis_url and not re.match(r"^(redis|rediss|unix)://", self.redis_url):
-            raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
-        for name in ("lookup_timeout_s", "connect_timeout_s", "heartbeat_s", "node_ttl_s", "lease_s"):
-            v = getattr(self, name)
-            if not math.isfinite(v) or v <= 0:  # nan compares false with everything; inf never times out
-                raise ConfigError(f"{name}: expected a positive, finite number of seconds, got {v!r}")
-        if self.node_ttl_s <= self.heartbeat_s:
-            raise ConfigError(f"node_ttl_s: must exceed heartbeat_s ({self.heartbeat_s}), got {self.node_ttl_s}")
-        for name, allowed in (("io_engine", ENGINES), ("verify", VERIFY_MODES), ("eviction", EVICTION_MODES),
-                              ("ssl_cert_reqs", SSL_CERT_REQS)):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        for name in ("redis_namespace", "redis_key_prefix"):
-            v = getattr(self, name)
-            if not v or "{" in v or "}" in v:
-                raise ConfigError(f"{name}: expected a non-empty string without braces, got {v!r}")
-        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
-            v = getattr(self, name)
-            if v and not os.path.isfile(v):  # fail the launch, not the first TLS handshake
-                raise ConfigError(f"{name}: {v} does not exist or is not a file")
+        try:
+            validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
+            validate.positive_seconds("lease_s", self.lease_s)
+            for name, allowed in (("io_engine", ENGINES), ("verify", validate.VERIFY_MODES),
+                                  ("eviction", EVICTION_MODES)):
+                validate.one_of(name, getattr(self, name), allowed)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        try:
+            self.index_config(self.node_id).validate(require_url=False)
+        except ValueError as exc:  # named by the extra_config key, not the RedisIndexConfig field
+            text = str(exc)
+            field_name = text.split(":", 1)[0]
+            key = _FIELD_KEY.get(field_name, field_name)
+            raise ConfigError(key + text[len(field_name):]) from None
 
 
 def _size(name: str, raw: Any) -> int:

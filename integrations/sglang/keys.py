@@ -9,17 +9,17 @@ layouts never read each other's bytes as their own.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-DIGEST_BYTES = 16
+from radixtier.hashing import page_key
+
 KV_POOL = "kv"
 TP_SHARDED_POOLS = frozenset({"mamba"})  # TP-sharded even when the model's MLA KV is replicated
 
 
 def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=DIGEST_BYTES).digest()
+    return page_key(text.encode())
 
 
 @dataclass(frozen=True)

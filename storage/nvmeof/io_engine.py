@@ -2,7 +2,7 @@
 
 Both keep up to `queue_depth` I/Os in flight, which is what turns one NVMe-oF namespace's
 bandwidth into usable bandwidth (a serial reader gets a fraction of it). io_uring is
-radixtier's own small extension over the system liburing (storage/_uring.c); where it was not
+radixtier's own small extension over the system liburing (storage/nvmeof/_uring.c); where it was not
 built, or the kernel refuses io_uring, `auto` uses the thread pool and logs why.
 """
 
@@ -105,7 +105,7 @@ _uring_lock = threading.Lock()
 def uring_unusable_reason() -> Optional[str]:
     """Why the io_uring engine cannot be used in this process, or None when it can.
 
-    The engine is radixtier's own extension (storage/_uring.c over the system liburing, built by
+    The engine is radixtier's own extension (storage/nvmeof/_uring.c over the system liburing, built by
     the normal install): it is compiled for this machine, so unlike PyPI's `liburing` wheels
     (AVX-512 only, and leaking a buffer export per I/O) it cannot die with SIGILL. What remains
     is whether it was built (liburing-dev present at install) and whether the kernel or a
@@ -115,7 +115,7 @@ def uring_unusable_reason() -> Optional[str]:
     with _uring_lock:
         if _uring_reason is None:
             try:
-                from radixtier.storage import _uring
+                from radixtier.storage.nvmeof import _uring
             except ImportError as exc:
                 _uring_reason = (f"radixtier's io_uring extension is not built ({exc}); install liburing-dev "
                                  f"and reinstall radixtier (bash scripts/setup.sh)")
@@ -150,7 +150,7 @@ class UringIO:
         self._ring()  # fail now, not on the first read, if the kernel refuses io_uring
 
     def _ring(self):
-        from radixtier.storage import _uring
+        from radixtier.storage.nvmeof import _uring
 
         ring = getattr(self._local, "ring", None)
         if ring is None or ring.closed:  # torn down after a failed submission: start a new one

@@ -7,11 +7,11 @@ from typing import Optional
 
 import msgpack
 
-from radixtier.storage.page_store import PageLocation
-from radixtier.storage.prefix_index import PageRecord
+from radixtier.storage.api import STORAGE_TIER, PageLocation
+from radixtier.storage.api import PageRecord
 
 RECORD_VERSION = 1
-TIERS = ("storage", "host")
+TIERS = (STORAGE_TIER, "host")  # tier 3, or a node's host memory
 _MAX_U64 = (1 << 64) - 1
 
 

@@ -22,6 +22,8 @@ import struct
 import uuid as uuid_mod
 
 import crc32c as _crc32c
+
+from radixtier.hashing import KEY_BYTES
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,7 +34,6 @@ HEADER_BYTES = BLOCK
 ENTRY_BYTES = 64
 ENTRIES_PER_BLOCK = BLOCK // ENTRY_BYTES
 MAX_PARTITIONS = 64
-KEY_BYTES = 16
 
 _SB = struct.Struct("<8sII16sQQQIQQQ")  # magic, version, flags, uuid, page, slot, slots, parts, table, data, created
 _SB_CRC = struct.Struct("<I")

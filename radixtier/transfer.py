@@ -1,4 +1,4 @@
-"""The asynchronous spill/promote engine: page copies between tiers on background workers.
+"""TransferEngine: the asynchronous spill/promote engine: page copies between tiers on background workers.
 
 Mechanism only: the cache decides what moves; this module moves bytes and reports per-page
 success through futures. Device copies run on a dedicated CUDA stream per worker when CUDA
@@ -15,7 +15,7 @@ import torch
 
 from radixtier.metrics import DIRECTIONS, CacheStats
 from radixtier.pools import PagePool
-from radixtier.storage.page_store import PageLocation, PageStore, PutResult
+from radixtier.storage.api import PageLocation, PageStore, PutResult
 
 
 def contiguous_runs(src: Sequence[int], dst: Sequence[int]) -> List[Tuple[int, int, int]]:
@@ -89,6 +89,13 @@ class TransferEngine:
         store = self._need_store()
         return self._submit(self._io, "host_to_storage", None, self.host_pool.page_bytes,
                             lambda: store.put(keys, [self.host_pool.page(s) for s in host_slots], parents))
+
+    def pages_to_storage(self, pages: torch.Tensor, keys: Sequence[bytes],
+                         parents: Sequence[Optional[bytes]]) -> Future:
+        """Write staged pages ([n, *page_shape] on the CPU, e.g. an evicted node's copy) to tier 3."""
+        store = self._need_store()
+        return self._submit(self._io, "host_to_storage", None, self.host_pool.page_bytes,
+                            lambda: store.put(keys, [pages[i] for i in range(len(keys))], parents))
 
     def storage_to_host(self, keys: Sequence[bytes], host_slots: Sequence[int]) -> Future:
         store = self._need_store()

@@ -14,7 +14,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
-log = logging.getLogger("radixtier.storage.target")
+log = logging.getLogger("radixtier.storage.nvmeof.target")
 
 BLKGETSIZE64 = 0x80081272
 BLKSSZGET = 0x1268

@@ -6,9 +6,9 @@ import os
 import time
 from typing import Dict, List
 
-from radixtier.storage.layout import (BLOCK, ENTRY_BYTES, HEADER_BYTES, LEASE_CLEAN, LEASE_HELD, FormatError,
+from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, HEADER_BYTES, LEASE_CLEAN, LEASE_HELD, FormatError,
                                       LeaseRecord, SlotHeader, Superblock, TableEntry, align_up, checksum)
-from radixtier.storage.target import open_target
+from radixtier.storage.nvmeof.target import open_target
 
 
 def _lease_report(rec: LeaseRecord | None, now_ns: int) -> Dict[str, object]:

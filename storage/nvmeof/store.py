@@ -26,19 +26,19 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
-from radixtier.storage.io_engine import IOV_MAX, IOOp, aligned_buffer, make_engine
-from radixtier.storage.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
+from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
+from radixtier.storage.nvmeof.io_engine import IOV_MAX, IOOp, aligned_buffer, make_engine
+from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
                                       SlotHeader, Superblock, TableEntry, align_up, checksum)
-from radixtier.storage.lease import DEFAULT_LEASE_S, PartitionLease
-from radixtier.storage.page_store import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
-from radixtier.storage.target import open_target, read_aligned, write_aligned
-from radixtier.storage.validate import positive_int, positive_seconds
+from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
+from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
+from radixtier.storage.nvmeof.target import open_target, read_aligned, write_aligned
+from radixtier.storage.validate import VERIFY_MODES, one_of, positive_int, positive_seconds
+from radixtier.storage.validate import node_id as validate_node_id
 
 log = logging.getLogger("radixtier.storage.nvmeof")
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
-VERIFY_MODES = ("auto", "none", "headers", "full")
 
 
 @dataclass
@@ -168,10 +168,8 @@ class NvmeofPageStore:
                  force_takeover: bool = False) -> None:
         if eviction not in EVICTION_MODES:
             raise ValueError(f"eviction: expected one of {', '.join(EVICTION_MODES)}, got {eviction!r}")
-        if verify not in VERIFY_MODES:
-            raise ValueError(f"verify: expected one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-        if not isinstance(node_id, str) or not node_id or len(node_id.encode()) > 48:
-            raise ValueError(f"node_id: expected a non-empty string of at most 48 bytes, got {node_id!r}")
+        one_of("verify", verify, VERIFY_MODES)
+        validate_node_id("node_id", node_id)
         if page_bytes is not None:
             positive_int("page_bytes", page_bytes)
         if create_bytes:

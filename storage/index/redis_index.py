@@ -23,7 +23,7 @@ write batch (longer `write_timeout_s`) never switches lookups off.
 from __future__ import annotations
 
 import logging
-import math
+import os
 import threading
 import time
 import uuid
@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, urlparse
 
-from radixtier.storage.prefix_index import PageRecord
-from radixtier.storage.records import RecordError, decode_record, encode_record
+from radixtier.storage import validate
+from radixtier.storage.api import PageRecord, Republisher
+from radixtier.storage.index.records import RecordError, decode_record, encode_record
 
 log = logging.getLogger("radixtier.storage.redis")
 
@@ -69,7 +70,6 @@ return out
 
 _LOOKUP_SHA = __import__("hashlib").sha1(_LOOKUP_LUA.encode()).hexdigest()
 _BATCH_RETRIES = 20  # a batch that fails this often in a row (not a connection loss) is dropped
-Republisher = Callable[[], Iterable[Tuple[bytes, bytes, PageRecord]]]  # yields (root, key, record)
 
 
 @dataclass
@@ -98,31 +98,29 @@ class RedisIndexConfig:
     ssl_cert_reqs: str = "required"
     extra: Dict[str, object] = field(default_factory=dict)
 
-    def validate(self) -> None:
+    def validate(self, require_url: bool = True) -> None:
+        """Raise ValueError naming the first bad field. require_url=False checks everything that
+        does not depend on a URL (a config whose Redis is not switched on yet)."""
         scheme = urlparse(self.url).scheme if isinstance(self.url, str) else None
-        if scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"redis_url: expected redis://, rediss:// or unix://, got {self.url!r}")
-        if not isinstance(self.node_id, str) or not self.node_id or any(c in self.node_id for c in "{}: \t\n"):
-            raise ValueError(f"node_id: expected a non-empty id without braces, colons or spaces, got {self.node_id!r}")
+        if require_url or self.url:
+            if scheme not in ("redis", "rediss", "unix"):
+                raise ValueError(f"redis_url: expected redis://, rediss:// or unix://, got {self.url!r}")
+        validate.node_id("node_id", self.node_id)
         for name in ("namespace", "key_prefix"):
             v = getattr(self, name)
             if not isinstance(v, str) or not v or "{" in v or "}" in v:
                 raise ValueError(f"{name}: expected a non-empty string without braces, got {v!r}")
         for name in ("lookup_timeout_s", "connect_timeout_s", "heartbeat_s", "node_ttl_s", "backoff_initial_s",
                      "backoff_max_s", "gc_interval_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
-                raise ValueError(f"{name}: expected a positive number of seconds, got {v!r}")
-        w = self.write_timeout_s
-        if w is not None and (not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 < w < math.inf):
-            raise ValueError(f"write_timeout_s: expected a positive number of seconds or None, got {w!r}")
-        if self.cluster:
+            validate.positive_seconds(name, getattr(self, name))
+        if self.write_timeout_s is not None:
+            validate.positive_seconds("write_timeout_s", self.write_timeout_s)
+        if self.cluster and (require_url or self.url):
             self._validate_cluster_url()
         if self.node_ttl_s <= self.heartbeat_s:
             raise ValueError(f"node_ttl_s: must exceed heartbeat_s ({self.heartbeat_s}), got {self.node_ttl_s}")
-        if self.ssl_cert_reqs not in ("required", "optional", "none"):
-            raise ValueError(f"ssl_cert_reqs: expected required, optional or none, got {self.ssl_cert_reqs!r}")
-        if scheme != "rediss":
+        validate.one_of("ssl_cert_reqs", self.ssl_cert_reqs, validate.SSL_CERT_REQS)
+        if scheme != "rediss" and (require_url or self.url):
             for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: set to {getattr(self, name)!r}, but redis_url {self.url!r} is not "
@@ -130,6 +128,10 @@ class RedisIndexConfig:
             if self.ssl_cert_reqs != "required":
                 raise ValueError(f"ssl_cert_reqs: set to {self.ssl_cert_reqs!r}, but redis_url {self.url!r} is not "
                                  f"rediss:// (no TLS at all); use a rediss:// URL or drop ssl_cert_reqs")
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            v = getattr(self, name)
+            if v and not os.path.isfile(v):  # fail the start, not the first TLS handshake
+                raise ValueError(f"{name}: {v} does not exist or is not a file")
         for name, hi in (("lookup_max_holders", 1024), ("record_max_bytes", 1 << 16), ("publish_queue", 1 << 30)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:

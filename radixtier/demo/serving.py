@@ -24,8 +24,8 @@ import torch
 from radixtier.cache import TieredKVCache
 from radixtier.policies import PrefetchPolicy
 from radixtier.tiers import Tier
-from radixtier.toymodel import ToyLlama
-from radixtier.workloads import Request, Session
+from radixtier.demo.toymodel import ToyLlama
+from radixtier.demo.workloads import Request, Session
 
 
 @dataclass
@@ -108,7 +108,9 @@ class TieredPath:
             head = 1
             for d in self.model_page_shape:
                 head *= d
-            pages = self.cache.gather(r.device_slots[:usable], head).view((usable,) + self.model_page_shape)
+            # pages carry more bytes than the toy model reads (emulated KV size): use each page's head
+            pages = self.cache.gather(r.device_slots[:usable]).reshape(usable, -1)[:, :head]
+            pages = pages.reshape((usable,) + self.model_page_shape)
         return Loaded(h, pages, hits)
 
     def save(self, loaded: Loaded, tokens: List[int], pages: torch.Tensor, first_page: int) -> None:

@@ -18,11 +18,11 @@ from tqdm import tqdm
 
 from radixtier.cache import CacheConfig, TieredKVCache
 from radixtier.hashing import KVNamespace
-from radixtier.serving import RecomputePath, RequestResult, TieredPath, serve, summarize
-from radixtier.storage.nvmeof_store import NvmeofPageStore
-from radixtier.storage.prefix_index import InProcessIndex
-from radixtier.toymodel import SIZES, ModelSpec, ToyLlama
-from radixtier.workloads import agent_types, multi_turn_chat
+from radixtier.demo.serving import RecomputePath, RequestResult, TieredPath, serve, summarize
+from radixtier.storage.nvmeof.store import NvmeofPageStore
+from radixtier.storage.index.inprocess import InProcessIndex
+from radixtier.demo.toymodel import SIZES, ModelSpec, ToyLlama
+from radixtier.demo.workloads import agent_types, multi_turn_chat
 
 
 def add_demo_arguments(ap: argparse.ArgumentParser) -> None:

@@ -1,15 +1,23 @@
-"""The tier-3 page store interface the tree's mover and the SGLang plugin both talk to."""
+"""The storage layer's contracts: the tier-3 PageStore and the cross-node PrefixIndex.
+
+Both serving paths talk to storage only through these protocols: the embedded
+`TieredKVCache` (through its transfer engine) and the SGLang backend `RadixTierStorage`.
+They are complete, so no caller probes an implementation with getattr/hasattr.
+"""
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union,
+                    runtime_checkable)
 
 import numpy as np
 
 # A page buffer: a contiguous CPU torch tensor, any writable buffer-protocol object, or (address, nbytes).
 BufferLike = Union[Any, Tuple[int, int]]
+
+STORAGE_TIER = "storage"  # the `tier` of a PageRecord for a tier-3 page (radixtier.tiers.Tier.STORAGE.label)
 
 
 @dataclass(frozen=True)
@@ -29,11 +37,23 @@ class PutResult:
     evicted: List[bytes] = field(default_factory=list)  # keys dropped to make room, in eviction order
 
 
+@dataclass(frozen=True)
+class PageRecord:
+    """One node's claim that it holds a page, and where (for tier 3: a verifiable slot location)."""
+
+    node_id: str
+    tier: str
+    location: PageLocation
+
+
 @runtime_checkable
 class PageStore(Protocol):
+    """Tier 3: pages by 16-byte key, each read proven (header + checksum) before it is reported ok."""
+
     page_bytes: int
     capacity_pages: int
     uuid: str
+    partition: int
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
             parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult: ...
@@ -50,6 +70,8 @@ class PageStore(Protocol):
 
     def delete(self, keys: Sequence[bytes]) -> int: ...
 
+    def clear(self) -> int: ...
+
     def touch(self, keys: Sequence[bytes]) -> None: ...
 
     def hold(self, keys: Sequence[bytes], held: bool = True) -> None: ...
@@ -57,6 +79,38 @@ class PageStore(Protocol):
     def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]: ...
 
     def take_evicted(self) -> List[bytes]: ...
+
+    def stats(self) -> Dict[str, object]: ...
+
+    def __len__(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+Republisher = Callable[[], Iterable[Tuple[bytes, bytes, PageRecord]]]  # yields (root, key, record)
+
+
+@runtime_checkable
+class PrefixIndex(Protocol):
+    """Which page hashes exist anywhere in the fleet. Keys are page hashes; a chain's pages are
+    published under the chain's root page hash so a whole chain is looked up at once."""
+
+    node_id: str
+
+    def publish(self, root: bytes, keys: Sequence[bytes], records: Sequence[PageRecord]) -> None: ...
+
+    def unpublish(self, keys: Sequence[bytes]) -> None: ...
+
+    def lookup(self, root: bytes, keys: Sequence[bytes], exclude_self: bool = True) -> List[List[PageRecord]]: ...
+
+    def set_republisher(self, fn: Republisher) -> None:
+        """What to publish again after a restart or an outage (the index calls it when it must)."""
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until queued publishes took effect; False if they could not in time."""
+
+    def health(self) -> Dict[str, object]:
+        """At least `up` (lookups answered) and `queue_depth`; implementations add their counters."""
 
     def close(self) -> None: ...
 

@@ -35,10 +35,10 @@ import threading
 import time
 from typing import Optional, Set
 
-from radixtier.storage.layout import LEASE_CLEAN, LEASE_HELD, LeaseRecord, Superblock
-from radixtier.storage.target import Target, read_aligned, write_aligned
+from radixtier.storage.nvmeof.layout import LEASE_CLEAN, LEASE_HELD, LeaseRecord, Superblock
+from radixtier.storage.nvmeof.target import Target, read_aligned, write_aligned
 
-log = logging.getLogger("radixtier.storage.lease")
+log = logging.getLogger("radixtier.storage.nvmeof.lease")
 
 DEFAULT_LEASE_S = 15.0
 DEFAULT_SETTLE_S = 0.1

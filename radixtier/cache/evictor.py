@@ -1,0 +1,112 @@
+"""Eviction: making room in a memory tier, and what a victim's pages need before they go.
+
+Runs under the cache lock. Never waits on tier-3 I/O: a host victim that must be written down
+first (write_back, hot, or tier 3 let go of it) is copied into a staging buffer (a memory copy)
+and written by a transfer, so the serving thread never waits on an fdatasync while it holds the
+lock. That inline spill is counted (`inline_spill_pages`): write_back's cleaner exists to keep
+it rare. A device victim with no host copy is copied device -> host synchronously (no disk).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Sequence
+
+from radixtier.cache.inflight import WRITING
+from radixtier.cache.state import CacheState
+from radixtier.policies import WritePolicy
+from radixtier.tiers import Tier
+from radixtier.tree import Node
+
+log = logging.getLogger("radixtier.cache")
+
+
+class Evictor:
+    def __init__(self, state: CacheState) -> None:
+        self.s = state
+
+    def alloc(self, tier: Tier, n: int) -> Optional[List[int]]:
+        """n free slots in a memory tier, evicting unlocked pages if needed; None if it cannot."""
+        pool = self.s.pools[tier]
+        slots = pool.try_alloc(n)
+        if slots is None and n <= pool.num_pages and self.reclaim(tier, n):
+            slots = pool.try_alloc(n)
+        return slots
+
+    def reclaim(self, tier: Tier, need_free: int) -> bool:
+        s = self.s
+        pool = s.pools[tier]
+        self.learn_storage_evictions()  # what leaves a tier must know whether tier 3 still has it
+        while pool.num_free < need_free:
+            victim = s.tree.peek_victim(tier)
+            if victim is None:
+                return False
+            self._evict_node(victim, tier)
+        return True
+
+    def learn_storage_evictions(self) -> None:
+        """Apply what tier 3 dropped since the last look (evictions made for other writers, pages it
+        found corrupt) before planning reads from it, so a plan rarely names a page already gone."""
+        store = self.s.store
+        if store is None:
+            return
+        gone = store.take_evicted()
+        if gone:
+            for key, present in zip(gone, store.exists(gone)):
+                if not present:
+                    self.s.tree.storage_evicted(key)
+
+    def hold(self, keys: Sequence[bytes], held: bool) -> None:
+        s = self.s
+        if s.config.hold_hints and s.store is not None and keys:
+            s.store.hold(keys, held)
+
+    def _write_down(self, node: Node) -> bool:
+        """write_through with hold hints: tier 3 may have let go of a page while we held it; the
+        last upper-tier copy is not dropped without writing it back down."""
+        s = self.s
+        return (s.config.hold_hints and s.store is not None and not node.in_storage
+                and s.config.write_policy == WritePolicy.WRITE_THROUGH)
+
+    def _must_keep_copy(self, node: Node) -> bool:
+        return (self.s.config.write_policy == WritePolicy.WRITE_BACK or self.s.writer.is_hot(node)
+                or self._write_down(node))
+
+    def _evict_node(self, node: Node, tier: Tier) -> None:
+        s = self.s
+        if tier == Tier.DEVICE:
+            if node.host is None and self._must_keep_copy(node):
+                slots = self.alloc(Tier.HOST, node.num_pages)
+                if slots is not None:  # inline device -> host copy: no clean victim was left
+                    try:
+                        s.mover.copy_now(s.device_pool, node.device, s.host_pool, slots)
+                    except Exception as exc:  # the page is dropped (a later miss), never half-copied
+                        log.warning("radixtier: inline device->host spill failed: %s", exc)
+                        s.stats.record_failure("device_to_host", node.num_pages)
+                        s.host_pool.free(slots)
+                    else:
+                        s.tree.set_slots(node, Tier.HOST, slots)
+        elif tier == Tier.HOST:
+            if (s.store is not None and not node.in_storage and s.inflight.get(WRITING, node) is None
+                    and self._must_keep_copy(node)):
+                self._spill_inline(node)
+        freed = s.tree.clear_slots(node, tier)
+        s.pools[tier].free(freed)
+        s.stats.record_eviction(tier, len(freed))
+        if node.device is None and node.host is None:
+            self.hold(node.keys, False)  # tier 3 has the only copy now (if it has one)
+        s.tree.prune(node)
+
+    def _spill_inline(self, node: Node) -> None:
+        """A host victim that must reach tier 3 first: stage its pages (a memory copy, under the
+        lock) and write them by a transfer (not under the lock). Until that write is applied the
+        pages are in no tier: a request in that window recomputes them."""
+        s = self.s
+        try:
+            staged = s.host_pool.read(node.host)
+        except Exception as exc:  # the page leaves the cache (a later miss); serving goes on
+            log.warning("radixtier: inline host->storage spill failed: %s", exc)
+            s.stats.record_failure("host_to_storage", node.num_pages)
+            return
+        s.stats.record_inline_spill(node.num_pages)
+        s.completions.start_spill(node, staged, s.writer.parents(node))

@@ -1,0 +1,55 @@
+"""The layering the README describes, pinned: each check runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def loaded_after(code: str) -> set:
+    """Module names loaded by a fresh interpreter after running `code`."""
+    probe = code + "\nimport sys\nprint('--modules--')\nprint('\\n'.join(sorted(sys.modules)))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split("--modules--", 1)[1].split())
+
+
+def test_the_storage_layer_does_not_import_the_embedded_cache_or_demo():
+    mods = loaded_after("import radixtier.storage.nvmeof.store, radixtier.storage.index.redis_index, "
+                        "radixtier.storage.publisher, radixtier.storage.nvmeof.inspect")
+    assert not {m for m in mods if m.startswith(("radixtier.cache", "radixtier.tree", "radixtier.demo",
+                                                 "radixtier.transfer", "radixtier.pools"))}
+
+
+def test_format_and_inspect_do_not_import_torch_or_the_demo(tmp_path):
+    path = tmp_path / "ns.img"
+    code = (f"from radixtier.cli import main\n"
+            f"assert main(['format', {str(path)!r}, '--page-bytes', '16KiB', '--capacity', '8MiB']) == 0\n"
+            f"assert main(['inspect', {str(path)!r}]) == 0\n")
+    mods = loaded_after(code)
+    assert "torch" not in mods
+    assert not {m for m in mods if m.startswith("radixtier.demo")}
+
+
+def test_the_core_never_imports_the_demo():
+    mods = loaded_after("import radixtier, radixtier.cache, radixtier.cli, radixtier.tree, radixtier.transfer")
+    assert not {m for m in mods if m.startswith("radixtier.demo")}
+
+
+@pytest.mark.sglang
+def test_the_sglang_backend_does_not_load_the_embedded_cache_or_tree():
+    try:
+        import sglang  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - CI installs it
+        pytest.skip(f"sglang is not installed: {exc}")
+    mods = loaded_after("import radixtier.integrations.sglang.backend")
+    assert not {m for m in mods if m.startswith(("radixtier.cache", "radixtier.tree", "radixtier.transfer",
+                                                 "radixtier.pools", "radixtier.demo"))}
+    assert "radixtier.storage.publisher" in mods  # the same storage layer the embedded cache uses
+
+
+def test_both_paths_publish_through_one_publisher():
+    mods = loaded_after("import radixtier.cache")
+    assert "radixtier.storage.publisher" in mods
