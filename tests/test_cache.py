@@ -356,3 +356,42 @@ def test_prefetch_never_evicts_the_prefix_it_just_planned(ns4, store):
         assert h.result.num_pages >= 1  # page 0 was planned from host: still there to load
         check_prefix(c, ns4, tokens, h.result)
     c.close()
+
+
+class _SlowStore(NvmeofPageStore):
+    """A store whose writes wait for a gate: stands in for a slow fdatasync on a busy device."""
+
+    gate: threading.Event
+
+    def put(self, keys, buffers, parents=None):
+        assert self.gate.wait(30), "test gate never opened"
+        return super().put(keys, buffers, parents)
+
+
+def test_eviction_never_waits_on_tier3_writes_under_the_cache_lock(ns4, ns_file):
+    """write_back: when a host victim must be written down first (the inline spill), the serving
+    thread stages it and goes on; the write (and its fdatasync) runs on a transfer thread."""
+    store = _SlowStore(ns_file, NUMEL * 4, create_bytes=8 << 20)
+    store.gate = threading.Event()
+    cache = make_cache(ns4, store, write_policy="write_back", device_pages=4, host_pages=4,
+                       spill_watermark=1.0)  # no cleaner help: evictions must spill inline
+    requests = [list(range(1000 * r, 1000 * r + 16)) for r in range(4)]  # 4 pages each
+    done = threading.Event()
+
+    def serve():
+        for tokens in requests:
+            cache.insert(tokens, kv_for(ns4, tokens))
+        done.set()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert done.wait(10), "insert blocked on a tier-3 write while holding the cache lock"
+    assert cache.stats()["inline_spill_pages"] > 0  # the path this pins was taken
+    store.gate.set()
+    assert cache.flush(30)
+    for tokens in requests[:2]:  # spilled down while the writes were held back: tier 3 has them now
+        with cache.acquire(tokens, policy="wait_complete") as h:
+            assert h.result.num_pages == 4
+            check_prefix(cache, ns4, tokens, h.result)
+    cache.close()
+    store.close()
