@@ -101,7 +101,10 @@ class PrefixIndex(Protocol):
 
     def unpublish(self, keys: Sequence[bytes]) -> None: ...
 
-    def lookup(self, root: bytes, keys: Sequence[bytes], exclude_self: bool = True) -> List[List[PageRecord]]: ...
+    def lookup(self, root: Optional[bytes], keys: Sequence[bytes],
+               exclude_self: bool = True) -> List[List[PageRecord]]:
+        """Records of the leading run of `keys` (one chain) held by other live nodes. root=None:
+        the caller does not know the chain's first page; the index finds it from keys[0]."""
 
     def set_republisher(self, fn: Republisher) -> None:
         """What to publish again after a restart or an outage (the index calls it when it must)."""

@@ -85,9 +85,10 @@ class Publisher:
         except Exception as exc:
             log.warning("radixtier: prefix index unpublish failed: %s", exc)
 
-    def remote_run(self, root: bytes, keys: Sequence[bytes]) -> List[PageRecord]:
-        """Records for the leading run of `keys` (one chain under `root`) that other live nodes
-        hold in this store's namespace; [] when there is no index or it cannot answer."""
+    def remote_run(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[PageRecord]:
+        """Records for the leading run of `keys` (one chain under `root`; None when the caller does
+        not know where the chain starts) that other live nodes hold in this store's namespace; []
+        when there is no index or it cannot answer."""
         if self.index is None or not keys:
             return []
         try:

@@ -98,3 +98,31 @@ class RedisServer:
 
     def stop(self) -> None:
         self.kill()
+
+
+def start_cluster(workdir: str, nodes: int = 3) -> "List[RedisServer]":
+    """A real Redis Cluster of `nodes` masters on loopback (needs redis-cli); stop() each when done."""
+    import redis
+
+    servers: List[RedisServer] = []
+    try:
+        for i in range(nodes):
+            d = os.path.join(workdir, f"c{i}")
+            servers.append(RedisServer(d, extra=["--cluster-enabled", "yes", "--cluster-config-file",
+                                                 os.path.join(d, "nodes.conf")]))
+        out = subprocess.run(["redis-cli", "--cluster", "create"] + [f"127.0.0.1:{s.port}" for s in servers]
+                             + ["--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
+                             timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout} {out.stderr}")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(redis.Redis(port=s.port).execute_command("CLUSTER INFO")["cluster_state"] == "ok"
+                   for s in servers):
+                return servers
+            time.sleep(0.1)
+        raise RuntimeError("Redis Cluster did not reach state ok")
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise

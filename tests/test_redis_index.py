@@ -24,7 +24,7 @@ from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixInd
 from radixtier.tiers import Tier
 
 from conftest import page_content
-from redis_server import RedisServer, free_port
+from redis_server import RedisServer, free_port, start_cluster
 
 NS_UUID = "ab" * 16
 
@@ -296,18 +296,9 @@ def test_two_nodes_share_pages_through_namespace_and_index(tmp_path, redis_serve
 def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path):
     if shutil.which("redis-cli") is None:
         pytest.skip("redis-cli is not installed")
-    servers = []
+    servers = start_cluster(str(tmp_path))
     try:
-        for i in range(3):
-            d = str(tmp_path / f"c{i}")
-            servers.append(RedisServer(d, extra=["--cluster-enabled", "yes", "--cluster-config-file",
-                                                 os.path.join(d, "nodes.conf")]))
-        out = subprocess.run(["redis-cli", "--cluster", "create"] + [f"127.0.0.1:{s.port}" for s in servers]
-                             + ["--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stdout + out.stderr
         url = f"redis://127.0.0.1:{servers[0].port}/0"
-        assert wait_for(lambda: all(redis.Redis(port=s.port).execute_command("CLUSTER INFO")["cluster_state"] == "ok"
-                                    for s in servers))
         a = index(url, "node-a", cluster=True, lookup_timeout_s=1.0)
         b = index(url, "node-b", cluster=True, lookup_timeout_s=1.0)
         chains = [[k(c * 100 + i) for i in range(8)] for c in range(12)]

@@ -591,3 +591,48 @@ def test_broken_sglang_install_fails_in_ci(tmp_path, ci, fails):
         assert proc.returncode != 0 and "CI=true" in out
     else:
         assert proc.returncode in (0, 5) and "skipped" in out  # 5: nothing left to run
+
+
+@pytest.mark.parametrize("redis_kind", ["plain", "cluster"])
+def test_cross_node_continuation_prefetch_whatever_prefix_keys_sglang_passes(ns, tmp_path, redis_kind):
+    """SGLang's prefetch passes the anchor node's ancestors as prefix keys (None in batch_exists and
+    [] in batch_get_v1 when the anchor hangs under the root): node B must still find node A's turns."""
+    from redis_server import RedisServer, start_cluster
+
+    if redis_kind == "cluster":
+        servers = start_cluster(str(tmp_path / "cluster"))
+        url, cluster = f"redis://127.0.0.1:{servers[0].port}/0", True
+    else:
+        servers = [RedisServer(str(tmp_path / "redis"))]
+        url, cluster = servers[0].url, False
+    try:
+        host_a, host_b = make_host_pool("page_first", seed=31), make_host_pool("page_first", seed=32)
+        common = {"path": ns["path"], "capacity": ns["capacity"], "redis_url": url, "redis_cluster": cluster,
+                  "interface_v1": 1}
+        a = attach(host_a, {**common, "node_id": "node-a", "partition": 0})
+        b = attach(host_b, {**common, "node_id": "node-b", "partition": 1})
+        keys = chain_keys(12, f"multi-turn-{redis_kind}")
+        t1, t2, t3 = keys[:4], keys[4:8], keys[8:]
+        # backups carry contiguous prefix keys (SGLang's write path)
+        assert all(a.batch_set_v1(t1, slots(0, 4), HiCacheStorageExtraInfo(prefix_keys=[])))
+        assert all(a.batch_set_v1(t2, slots(4, 4), HiCacheStorageExtraInfo(prefix_keys=t1)))
+        assert all(a.batch_set_v1(t3, slots(8, 4), HiCacheStorageExtraInfo(prefix_keys=t1 + t2)))
+        assert a.flush(10)
+        # prefetch shapes (SGLang's read path): anchor = turn 1's node, directly under the root
+        assert b.batch_exists(t2, None) == 4
+        assert b.batch_exists(t2, HiCacheStorageExtraInfo(prefix_keys=None)) == 4
+        assert all(b.batch_get_v1(t2, slots(20, 4), HiCacheStorageExtraInfo(prefix_keys=[])))
+        # anchor = turn 2's node: prefix keys are its ancestors (turn 1) only, turn 2 left out
+        assert b.batch_exists(t3, HiCacheStorageExtraInfo(prefix_keys=t1)) == 4
+        assert all(b.batch_get_v1(t3, slots(24, 4), HiCacheStorageExtraInfo(prefix_keys=t1)))
+        # the full chain and a fresh sequence still work
+        assert b.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 12
+        assert all(b.batch_get_v1(t1, slots(28, 4), None))
+        got = [page_bytes(host_b, p) for p in list(range(28, 32)) + list(range(20, 28))]
+        assert got == [page_bytes(host_a, p) for p in range(12)]
+        assert b.radixtier_stats()["pages_remote"] == 12
+        a.close()
+        b.close()
+    finally:
+        for s in servers:
+            s.stop()

@@ -179,7 +179,7 @@ class RadixTierStorage(HiCacheStorage):
             return [None] * len(keys)
 
         def run():
-            chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
+            chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT, for_read=True)
             ok = self._read(chain, [_host_tensor(t, target=True) for t in target_locations])
             return ok
         ok = self._guard("batch_get", len(keys), run)
@@ -214,7 +214,8 @@ class RadixTierStorage(HiCacheStorage):
             return 0
 
         def run():
-            chain = self.keys.chain(keys, _prefix(extra_info), self._format(KV_POOL), self.kv_interface)
+            chain = self.keys.chain(keys, _prefix(extra_info), self._format(KV_POOL), self.kv_interface,
+                                    for_read=True)
             return [self._leading_run(chain)]
         return self._guard("batch_exists", 1, run, failed=0)[0]
 
@@ -230,7 +231,7 @@ class RadixTierStorage(HiCacheStorage):
                     break
                 name = str(t.name)
                 chain = self.keys.chain(keys[:kv_pages], _prefix(extra_info), self._format(name),
-                                        self._interface_of(name))
+                                        self._interface_of(name), for_read=True)
                 if t.hit_policy == PoolHitPolicy.ALL_PAGES:
                     have = self._sidecar_have(chain, from_end=False)
                     boundary = leading_true(have)
@@ -297,7 +298,7 @@ class RadixTierStorage(HiCacheStorage):
         if pool is None:
             raise RuntimeError("no host pool registered")
         bufs, starts = self._page_buffers(pool, host_indices, len(keys), interface, for_read=True)
-        chain = self.keys.chain(keys, prefix, self._format(name), interface, continues)
+        chain = self.keys.chain(keys, prefix, self._format(name), interface, continues, for_read=True)
         ok = self._read(chain, bufs)
         if starts is not None:
             for good, buf, s in zip(ok, bufs, starts):
@@ -349,7 +350,7 @@ class RadixTierStorage(HiCacheStorage):
         """Leading pages from `start` that other live nodes hold in our namespace (remembered for the read)."""
         return self._remote_records(chain.root, chain.keys[start:])
 
-    def _remote_records(self, root: bytes, keys: Sequence[bytes]) -> List[PageRecord]:
+    def _remote_records(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[PageRecord]:
         """Records for the leading run of `keys` that other live nodes hold in our namespace."""
         publisher = self._publisher
         if publisher is None or not keys:

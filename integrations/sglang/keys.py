@@ -102,11 +102,15 @@ class PoolFormat:
 
 @dataclass
 class Chain:
-    """Store keys of one call, with each page's parent and the chain's root (index hash tag)."""
+    """Store keys of one call, with each page's parent and the chain's root (index hash tag).
+
+    root is None for a read whose chain start is unknown: SGLang's prefetch passes the anchor
+    node's *ancestors* as prefix keys (the anchor's own pages are left out), and nothing at all
+    when the anchor hangs under the tree's root, so its first key need not start the chain."""
 
     keys: List[bytes]
     parents: List[Optional[bytes]]
-    root: bytes
+    root: Optional[bytes]
 
 
 class KeyMapper:
@@ -121,23 +125,25 @@ class KeyMapper:
         return _digest(f"{key}{self.rank.suffix(fmt.pool)}|{fmt.tag(interface)}")
 
     def chain(self, keys: Sequence[str], prefix_keys: Optional[Sequence[str]], fmt: PoolFormat,
-              interface: str, continues: bool = True) -> Chain:
-        """prefix_keys + keys is one contiguous chain (SGLang's contract when it passes prefix keys).
+              interface: str, continues: bool = True, for_read: bool = False) -> Chain:
+        """One call's chain. For writes SGLang passes contiguous prefix keys (a backup's
+        prefix_keys + keys is one chain); for reads the prefix keys are ancestors only.
 
+        Either way prefix_keys[0], when there is one, is the sequence's first page: the root.
+        Without prefix keys a write starts its chain (its first key is the root) and a read does
+        not know its root (None: the index resolves it from the first key's root pointer).
         continues=False: this pool does not hold the prefix's pages (a trailing window), so the
         first page gets no parent, but the chain keeps the sequence's root so that the index
         groups (and other nodes find) its records under the same root as batch_exists_v2 asks.
         """
         skeys = [self.store_key(k, fmt, interface) for k in keys]
+        root: Optional[bytes]
         if prefix_keys:
             first_parent: Optional[bytes] = self.store_key(prefix_keys[-1], fmt, interface) if continues else None
             root = self.store_key(prefix_keys[0], fmt, interface)
         else:
-            # Without prefix keys the call is taken to start its chain: right for the first
-            # batch of a sequence only. Later batches get their own root, so another node's
-            # lookup (rooted at the sequence start) misses them; the backend warns about this.
             first_parent = None
-            root = skeys[0] if skeys else _digest("empty")
+            root = None if for_read else (skeys[0] if skeys else _digest("empty"))
         parents: List[Optional[bytes]] = [first_parent] + skeys[:-1] if skeys else []
         return Chain(skeys, parents, root)
 

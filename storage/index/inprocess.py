@@ -43,7 +43,9 @@ class InProcessIndex:
                     if not recs:
                         del self.registry.pages[bytes(key)]
 
-    def lookup(self, root: bytes, keys: Sequence[bytes], exclude_self: bool = True) -> List[List[PageRecord]]:
+    def lookup(self, root: Optional[bytes], keys: Sequence[bytes],
+               exclude_self: bool = True) -> List[List[PageRecord]]:
+        """Records are keyed by page alone here, so the root (known or not) is not needed."""
         out: List[List[PageRecord]] = []
         with self.registry.lock:
             for key in keys:

@@ -3,6 +3,7 @@
 Key layout (prefix = "<key_prefix>:<namespace>"):
 
     <prefix>:{<root>}:p:<page>    HASH node_id -> msgpack record   (one per page; root = the chain's page 0)
+    <prefix>:{<page>}:r           STRING the page's root (for lookups that do not know where the chain starts)
     <prefix>:{nodes}:n:<node_id>  STRING with TTL: the node's heartbeat (absent = dead)
     <prefix>:{nodes}:all          SET of node ids ever seen (for garbage collection)
     <prefix>:{nodes}:gc           STRING NX lock: one collector at a time
@@ -69,7 +70,8 @@ return out
 """
 
 _LOOKUP_SHA = __import__("hashlib").sha1(_LOOKUP_LUA.encode()).hexdigest()
-_BATCH_RETRIES = 20  # a batch that fails this often in a row (not a connection loss) is dropped
+_BATCH_RETRIES = 20
+_ROOT_PTR_TTL_S = 7 * 24 * 3600  # refreshed by every publish (and republish) of the page  # a batch that fails this often in a row (not a connection loss) is dropped
 
 
 @dataclass
@@ -362,6 +364,7 @@ class RedisPrefixIndex:
             f"{tag}:probes:{self.node_id}"
         steps = [
             ("SET", lambda p: p.set(s_key, "1", px=10_000, get=True)),
+            ("GET", lambda p: p.get(s_key)),
             ("MGET", lambda p: p.mget([s_key])),
             ("HSET", lambda p: p.hset(h_key, self.node_id, "1")),
             ("HMGET", lambda p: p.hmget(h_key, [self.node_id])),
@@ -410,6 +413,10 @@ class RedisPrefixIndex:
     def _page_key(self, root: bytes, key: bytes) -> str:
         return f"{self._prefix}:{{{root.hex()}}}:p:{key.hex()}"
 
+    def _root_ptr_key(self, key: bytes) -> str:
+        """Where a page's chain root is recorded (the page itself is the hash tag: one slot)."""
+        return f"{self._prefix}:{{{key.hex()}}}:r"
+
     def _node_key(self, node: str) -> str:
         return f"{self._prefix}:{{nodes}}:n:{node}"
 
@@ -428,14 +435,25 @@ class RedisPrefixIndex:
     def unpublish(self, keys: Sequence[bytes]) -> None:
         self._enqueue([("unpub", (bytes(k),)) for k in keys])
 
-    def lookup(self, root: bytes, keys: Sequence[bytes], exclude_self: bool = True) -> List[List[PageRecord]]:
-        """Leading run of `keys` (one chain under `root`) with live records; [] whenever Redis cannot answer."""
+    def lookup(self, root: Optional[bytes], keys: Sequence[bytes], exclude_self: bool = True) -> List[List[PageRecord]]:
+        """Leading run of `keys` (one chain under `root`) with live records; [] whenever Redis cannot answer.
+
+        root=None: the caller does not know where the chain starts (SGLang's prefetch passes only the
+        anchor node's ancestors, or nothing, as prefix keys); the root is read from the first key's
+        root pointer first. Round trips: one EVALSHA with a known root, a GET and an EVALSHA without
+        one, plus one MGET of heartbeats when the liveness cache (min(1 s, heartbeat_s)) is stale."""
         if not keys:
             return []
         self._count("lookups")
-        names = [self._page_key(bytes(root), bytes(k)) for k in keys]
         me = self.node_id if exclude_self else ""
         try:
+            if root is None:
+                found = self._reader.call(lambda c: c.get(self._root_ptr_key(bytes(keys[0]))), build=False,
+                                          chain=True)
+                if found is None or len(found) != 16:
+                    return []  # nobody published the first page (or the pointer is foreign)
+                root = bytes(found)
+            names = [self._page_key(bytes(root), bytes(k)) for k in keys]
             raw = self._reader.call(lambda c: self._eval_lookup(c, names, me), build=False, chain=True)
             live = self._liveness(self._reader, {_text(f[i]) for f in raw or [] for i in range(0, len(f) - 1, 2)})
         except _ChainFailed:  # this chain's lookup failed, Redis still answers: nothing remote for it
@@ -697,6 +715,9 @@ class RedisPrefixIndex:
                     root, key, rec = args
                     roots[key] = root  # a later unpublish in this batch must find this record
                     pipe.hset(self._page_key(root, key), me, encode_record(rec))
+                    # a page's root is a function of its content (chained hashes), the same for every
+                    # node: the pointer is never wrong, only possibly stale, so it just expires
+                    pipe.set(self._root_ptr_key(key), root, ex=_ROOT_PTR_TTL_S)
                     pipe.hset(owned, key.hex(), root.hex())
                 else:
                     root = roots.pop(args[0], None)
