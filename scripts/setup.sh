@@ -44,6 +44,9 @@ if [ "$want_test" = 1 ]; then
   missing=""
   command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
   command -v fio >/dev/null 2>&1 || missing="$missing fio"
+  # SGLang JIT-builds its HiCache page-hash extension (torch cpp_extension: ninja, -lcrypto)
+  command -v ninja >/dev/null 2>&1 || missing="$missing ninja-build"
+  [ -f /usr/include/openssl/sha.h ] || missing="$missing libssl-dev"
   if [ -n "$missing" ]; then
     # shellcheck disable=SC2086
     apt_install $missing || { echo "setup: the Redis and bandwidth tests need:$missing" >&2; exit 1; }

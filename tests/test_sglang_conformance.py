@@ -1,0 +1,105 @@
+"""radixtier as SGLang uses it: driven through SGLang 0.5.23's own UnifiedRadixCache and controller.
+
+Nothing here calls RadixTierStorage directly: SGLang's controller threads do, from its own
+backup and prefetch paths (see tests/sglang_driver.py for the steps and the CPU shims).
+Every K and V byte of every layer that SGLang loads back onto the device is checked.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+try:
+    from sglang_driver import SGLangNode
+except ImportError as exc:  # a broken install in CI must fail, not pass as "skipped"
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(f"CI=true: sglang 0.5.23 does not import ({exc}); "
+                           f"bash scripts/setup.sh --test installs it") from exc
+    pytest.skip(f"needs sglang 0.5.23 (bash scripts/setup.sh --test): {exc}", allow_module_level=True)
+
+pytestmark = pytest.mark.sglang
+PS = 16
+PAGES = 8  # per request: 128 tokens
+
+
+def seq(i: int, pages: int = PAGES) -> list:
+    return list(range(100_000 * (i + 1), 100_000 * (i + 1) + pages * PS))
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.fixture
+def ns(tmp_path):
+    return {"path": str(tmp_path / "ns.img"), "capacity": "128MiB"}
+
+
+@pytest.mark.parametrize("prefetch_policy", ["best_effort", "wait_complete", "timeout"])
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+def test_pages_evicted_under_allocation_pressure_come_back_byte_exact(ns, layout, write_policy, prefetch_policy):
+    node = SGLangNode({**ns, "node_id": "a"}, layout=layout, write_policy=write_policy,
+                      prefetch_policy=prefetch_policy, prefetch_timeout_s=30.0)
+    try:
+        assert node.layout == layout and type(node.backend).__name__ == "RadixTierStorage"
+        # write_through_selective writes a prefix through once it was hit twice (SGLang's threshold)
+        repeats = 3 if write_policy == "write_through_selective" else 1
+        first = seq(0)
+        want = node.insert(first, seed=1)
+        for _ in range(repeats - 1):
+            node.insert(first, seed=1)
+        # more requests than L1 (32 pages) and L2 (65 pages) hold: SGLang evicts through its own
+        # allocation path (alloc_token_slots -> evict); write_back backs up on the way down
+        for i in range(1, 15):
+            for _ in range(repeats):
+                node.insert(seq(i), seed=100 + i)
+        node.settle_backups()
+        m = node.match(first)
+        assert m.device_prefix_len == 0 and m.host_hit_length == 0, "the first request should live only in L3"
+        assert node.backend.radixtier_stats()["pages_written"] >= PAGES
+        loaded = node.prefetch(first)
+        if prefetch_policy != "best_effort":
+            assert loaded == len(first)
+        on_device = node.load_to_device(first)
+        assert on_device == loaded
+        if loaded:
+            got = node.device_kv(first, 0, loaded)
+            assert same(got, (want[0][:, :loaded], want[1][:, :loaded])), "bytes differ after the L3 round trip"
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+def test_two_nodes_multi_turn_prefetch_served_by_the_other_nodes_pages(ns, redis_server, layout):
+    """Node A serves a conversation (turn 1, then turn 2 extending it); node B, a fresh scheduler on
+    the same namespace, gets the same conversation: its turn-1 prefetch and its continuation
+    prefetch (anchored at turn 1's node, so SGLang passes no prefix keys) read A's pages."""
+    common = {**ns, "redis_url": redis_server.url}
+    a = SGLangNode({**common, "node_id": "node-a", "partition": 0}, layout=layout)
+    b = SGLangNode({**common, "node_id": "node-b", "partition": 1}, layout=layout)
+    try:
+        turn1 = seq(0, pages=6)
+        turn2 = turn1 + seq(1, pages=4)
+        kv1 = a.insert(turn1, seed=11)
+        kv2 = a.insert(turn2, seed=12)  # only turn 2's new pages are prefilled
+        a.settle_backups()
+        assert a.backend.flush(10)
+        assert len(b.backend.store) == 0  # B holds nothing of its own
+        # turn 1 on B: anchored at the root (no prefix keys)
+        assert b.prefetch(turn1) == len(turn1)
+        assert b.load_to_device(turn1) == len(turn1)
+        assert same(b.device_kv(turn1, 0, len(turn1)), kv1)
+        # turn 2 on B: turn 1 is cached there now; SGLang passes prefix keys of the anchor's
+        # ancestors only ([] here) and the new pages' keys
+        assert b.prefetch(turn2) == len(turn2) - len(turn1)
+        assert b.load_to_device(turn2) == len(turn2)
+        assert same(b.device_kv(turn2, len(turn1), len(turn2)), kv2)
+        stats = b.backend.radixtier_stats()
+        assert stats["pages_remote"] == len(turn2) // PS and stats["pages_local"] == 0
+    finally:
+        a.close()
+        b.close()
