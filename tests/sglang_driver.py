@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import time
 from array import array
 from typing import Callable, Dict, List, Optional, Tuple
@@ -94,7 +95,10 @@ class SGLangNode:
     def __init__(self, extra: Dict[str, object], *, layout: str, write_policy: str = "write_through",
                  prefetch_policy: str = "wait_complete", page_size: int = 16, layers: int = 4, heads: int = 2,
                  head_dim: int = 64, device_tokens: int = 512, host_ratio: float = 2.0,
-                 prefetch_timeout_s: Optional[float] = None) -> None:
+                 prefetch_timeout_s: Optional[float] = None, storage_backend: str = "dynamic",
+                 storage_env: Optional[Dict[str, str]] = None) -> None:
+        """extra: radixtier's extra_config keys (storage_backend "dynamic"), or another SGLang
+        backend's own extra_config (e.g. "file", "nixl"; their directories come from storage_env)."""
         install_cpu_shims()
         self.page_size, self.layers, self.heads, self.head_dim = page_size, layers, heads, head_dim
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
@@ -107,14 +111,19 @@ class SGLangNode:
         params = CacheInitParams(req_to_token_pool=self.req_to_token, token_to_kv_pool_allocator=self.allocator,
                                  page_size=page_size, disable=False, tree_components=(ComponentType.FULL,))
         self.cache = UnifiedRadixCache(params=params)
-        backend = {"backend_name": "radixtier", "module_path": "radixtier.integrations.sglang",
-                   "class_name": "RadixTierStorage", "interface_v1": 1, "hicache_storage_pass_prefix_keys": True,
-                   "prefetch_threshold": 1, **extra}
+        if storage_backend == "dynamic":
+            backend = {"backend_name": "radixtier", "module_path": "radixtier.integrations.sglang",
+                       "class_name": "RadixTierStorage", "interface_v1": 1, "hicache_storage_pass_prefix_keys": True,
+                       "prefetch_threshold": 1, **extra}
+        else:
+            backend = {"prefetch_threshold": 1, **extra}
+        os.environ.update(storage_env or {})
         if prefetch_timeout_s is not None:  # SGLang's timeout policy: base + per 1K tokens
             backend.update(prefetch_timeout_base=prefetch_timeout_s, prefetch_timeout_per_ki_token=0.0)
         args = ServerArgs(model_path="dummy", page_size=page_size, hicache_io_backend="direct",
                           hicache_mem_layout=layout, hicache_write_policy=write_policy,
-                          hicache_storage_backend="dynamic", hicache_storage_backend_extra_config=json.dumps(backend),
+                          hicache_storage_backend=storage_backend,
+                          hicache_storage_backend_extra_config=json.dumps(backend),
                           hicache_storage_prefetch_policy=prefetch_policy, hicache_ratio=host_ratio)
         handle_hicache(args)  # shim 3: what the argument pipeline would do
         self.layout = args.hicache_mem_layout
@@ -147,15 +156,22 @@ class SGLangNode:
     def insert(self, tokens: List[int], seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Prefill a request: its slots come from SGLang's allocation path (evicting under pressure),
         its KV is written, and it is cached; returns the KV written for its new tokens."""
+        cached, slots, kv = self.prefill(tokens, seed)
+        self.cache_request(tokens, cached, slots)
+        return kv
+
+    def prefill(self, tokens: List[int], seed: int) -> Tuple[int, torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """Allocate the request's new tokens (SGLang's alloc_token_slots) and write their KV."""
         cached = self.match(tokens).device_prefix_len
-        new = tokens[cached:]
-        slots = alloc_token_slots(self.cache, len(new))
-        kv = self.fill(slots, seed)
+        slots = alloc_token_slots(self.cache, len(tokens) - cached)
+        return cached, slots, self.fill(slots, seed)
+
+    def cache_request(self, tokens: List[int], cached: int, slots: torch.Tensor) -> None:
+        """What the scheduler does when a prefill finishes: insert into the tree (write-through starts)."""
         prefix = self.cache.path_device_indices(self.match(tokens).last_device_node)[:cached]
         self.cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=torch.cat([prefix, slots]),
                                        prev_prefix_len=cached))  # the matched prefix is the tree's, not new
         self.step()
-        return kv
 
     def step(self) -> None:
         self.cache.check_hicache_events()
@@ -211,6 +227,17 @@ class SGLangNode:
         indices = self.cache.path_device_indices(self.match(tokens).last_device_node)[start:end]
         return self.snapshot(indices)
 
+    def evict_all(self) -> None:
+        """Push every unlocked page out of L1 and L2 (SGLang's own evict / evict_host)."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        self.cache.evict(EvictParams(num_tokens=self.allocator.size))
+        self.step()
+        self.cache.evict_host(self.cache.cache_controller.mem_pool_host.size)
+        self.step()
+
     def close(self) -> None:
         self.cache.shutdown()
-        self.backend.close()
+        close = getattr(self.backend, "close", None)  # SGLang's own backends may not have one
+        if close is not None:
+            close()

@@ -29,7 +29,7 @@ from radixtier.integrations.sglang.attach import index_node_id, open_index, open
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
 from radixtier.integrations.sglang.keys import (KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true,
                                                 split_segments)
-from radixtier.storage.api import PageRecord
+from radixtier.storage.api import PageLocation, PageRecord
 from radixtier.storage.publisher import Publisher
 
 log = logging.getLogger("radixtier.sglang")
@@ -83,7 +83,9 @@ class RadixTierStorage(HiCacheStorage):
         self._index = None
         self._publisher: Optional[Publisher] = None
         self._closed = False
-        self._hints: "OrderedDict[bytes, PageRecord]" = OrderedDict()
+        # remote page locations between batch_exists and the read, as plain tuples of atoms
+        # (namespace, slot, generation, length, checksum): the collector does not track them
+        self._hints: "OrderedDict[bytes, tuple]" = OrderedDict()
         self._hints_lock = threading.Lock()
         self._stats = _BackendCounters()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
@@ -358,7 +360,8 @@ class RadixTierStorage(HiCacheStorage):
         out = publisher.remote_run(root, keys)
         with self._hints_lock:
             for key, rec in zip(keys, out):
-                self._hints[key] = rec
+                loc = rec.location
+                self._hints[key] = (loc.namespace, loc.slot, loc.generation, loc.length, loc.checksum)
                 self._hints.move_to_end(key)
             while len(self._hints) > _HINTS:
                 self._hints.popitem(last=False)
@@ -387,15 +390,15 @@ class RadixTierStorage(HiCacheStorage):
             first = leading_true(ok)
             missing = [i for i in range(first, len(ok)) if not ok[i]]
             with self._hints_lock:
-                recs = {i: self._hints.get(chain.keys[i]) for i in missing}
-            if any(r is None for r in recs.values()):  # not seen by batch_exists: ask the index now
+                hints = {i: self._hints.get(chain.keys[i]) for i in missing}
+            locs = {i: PageLocation(*h) for i, h in hints.items() if h is not None}
+            if len(locs) < len(missing):  # not seen by batch_exists: ask the index now
                 for j, rec in enumerate(self._remote_run(chain, first)):
-                    if recs.get(first + j, rec) is None:
-                        recs[first + j] = rec
+                    locs.setdefault(first + j, rec.location)
             for i in missing:
-                rec = recs.get(i)
-                if rec is not None:
-                    ok[i] = store.read_location(rec.location, chain.keys[i], bufs[i])  # verified by header
+                loc = locs.get(i)
+                if loc is not None:
+                    ok[i] = store.read_location(loc, chain.keys[i], bufs[i])  # verified by header
                     remote += ok[i]
         n_ok = local + remote
         self._stats.add(pages_local=local, pages_remote=remote, pages_missed=len(ok) - n_ok)

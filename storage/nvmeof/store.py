@@ -41,13 +41,11 @@ log = logging.getLogger("radixtier.storage.nvmeof")
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
 
 
-@dataclass
-class _Slot:
-    slot: int
-    generation: int
-    length: int
-    checksum: int
-    parent: Optional[bytes]
+# Where a held page is: (slot, generation, length, checksum, parent key or None). A plain tuple of
+# atoms, not an object: CPython's collector stops tracking such tuples, so a store holding millions
+# of pages adds nothing to the full collections that pause every thread of an SGLang process.
+_Slot = Tuple[int, int, int, int, Optional[bytes]]
+SLOT, GEN, LENGTH, CSUM, PARENT = range(5)
 
 
 @dataclass
@@ -257,15 +255,15 @@ class NvmeofPageStore:
         for slot, e in sorted(used, key=lambda se: se[1].generation):
             if e.key in self._index:  # two slots claim one key: keep the newer
                 old = self._index.pop(e.key)
-                self._set_entry(old.slot, None)
-            self._index[e.key] = _Slot(slot, e.generation, e.length, e.checksum, e.parent)
+                self._set_entry(old[SLOT], None)
+            self._index[e.key] = (slot, e.generation, e.length, e.checksum, e.parent)
             gen = max(gen, e.generation)
         for key, s in self._index.items():
             self._order.add(key, None)
         for key, s in self._index.items():
-            if s.parent is not None:
-                self._order.set_parent(key, s.parent)
-        taken = {s.slot for s in self._index.values()}
+            if s[PARENT] is not None:
+                self._order.set_parent(key, s[PARENT])
+        taken = {s[SLOT] for s in self._index.values()}
         self._free = [s for s in reversed(self._range) if s not in taken]
         self._next_gen = gen + 1
         if self.recovery["entries"]:
@@ -358,13 +356,13 @@ class NvmeofPageStore:
         key = _check_key(key)
         with self._lock:
             s = self._index.get(key)
-            return None if s is None else PageLocation(self.uuid, s.slot, s.generation, s.length, s.checksum)
+            return None if s is None else PageLocation(self.uuid, s[SLOT], s[GEN], s[LENGTH], s[CSUM])
 
     def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]:
         with self._lock:
             items = list(self._index.items())
         for key, s in items:
-            yield key, s.parent, PageLocation(self.uuid, s.slot, s.generation, s.length, s.checksum)
+            yield key, s[PARENT], PageLocation(self.uuid, s[SLOT], s[GEN], s[LENGTH], s[CSUM])
 
     def touch(self, keys: Sequence[bytes]) -> None:
         keys = [_check_key(k) for k in keys]
@@ -446,7 +444,7 @@ class NvmeofPageStore:
             except BaseException:
                 with self._lock:  # slots of pages that did not become visible go back
                     self._free.extend(slot for _i, key, _p, slot, _sg in plan
-                                      if getattr(self._index.get(key), "slot", None) != slot)
+                                      if (self._index.get(key) or (None,))[SLOT] != slot)
                 raise
         for i, j in dups:
             ok[i] = ok[j]
@@ -502,7 +500,7 @@ class NvmeofPageStore:
             for j, (i, key, parent, slot, _sg) in enumerate(plan):
                 if results[j] and table_ok:
                     e = entries[j]
-                    self._index[key] = _Slot(slot, e.generation, e.length, e.checksum, parent)
+                    self._index[key] = (slot, e.generation, e.length, e.checksum, parent)
                     self._order.add(key, parent)
                     ok[i] = True
                     self.counters.writes += 1
@@ -527,7 +525,7 @@ class NvmeofPageStore:
         evicted.append(victim)
         self._evicted.append(victim)
         self.counters.evictions += 1
-        return s.slot
+        return s[SLOT]
 
     def _drop(self, key: bytes) -> _Slot:
         s = self._index.pop(key)
@@ -541,9 +539,9 @@ class NvmeofPageStore:
             for k in keys:
                 if k in self._index and not self._readers.get(k):
                     s = self._drop(k)
-                    self._set_entry(s.slot, None)
-                    self._free.append(s.slot)
-                    blocks.append(self._entry_block(s.slot))
+                    self._set_entry(s[SLOT], None)
+                    self._free.append(s[SLOT])
+                    blocks.append(self._entry_block(s[SLOT]))
         self._flush_table_logged(blocks)
         return len(blocks)
 
@@ -564,9 +562,9 @@ class NvmeofPageStore:
         with self._lock:
             for i, key in enumerate(keys):  # every size checked before any page is pinned
                 s = self._index.get(key)
-                if s is not None and sum(x.nbytes for x in segs[i]) != s.length:
+                if s is not None and sum(x.nbytes for x in segs[i]) != s[LENGTH]:
                     raise ValueError(f"get: buffer for page {key.hex()} has {sum(x.nbytes for x in segs[i])} "
-                                     f"bytes, the stored page has {s.length}")
+                                     f"bytes, the stored page has {s[LENGTH]}")
             for i, key in enumerate(keys):
                 s = self._index.get(key)
                 if s is None:
@@ -578,7 +576,7 @@ class NvmeofPageStore:
                 plan.append((i, key, s))
         good = [False] * len(plan)
         try:
-            good = self._read_verified([(s.slot, key, s.generation, s.length, s.checksum, segs[i])
+            good = self._read_verified([(s[SLOT], key, s[GEN], s[LENGTH], s[CSUM], segs[i])
                                         for i, key, s in plan])
         finally:
             with self._lock:
@@ -594,13 +592,13 @@ class NvmeofPageStore:
                     ok[i] = True
                     continue
                 cur = self._index.get(key)
-                if cur is not None and cur.slot == s.slot and cur.generation == s.generation \
+                if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] \
                         and not self._readers.get(key):
                     self._drop(key)  # proven bad: free the slot so it is never read again
-                    self._set_entry(s.slot, None)
-                    self._free.append(s.slot)
+                    self._set_entry(s[SLOT], None)
+                    self._free.append(s[SLOT])
                     self._evicted.append(key)
-                    blocks.append(self._entry_block(s.slot))
+                    blocks.append(self._entry_block(s[SLOT]))
         if blocks:
             self._flush_table_logged(blocks)
         return ok

@@ -1,0 +1,210 @@
+"""L3 backup and prefetch through SGLang 0.5.23's own cache code, side by side in one run.
+
+Each backend is driven the way SGLang's scheduler drives it (tests/sglang_driver.py): requests
+are inserted and written through (L1 -> L2 -> L3 by the controller's backup thread), every copy
+is evicted from L1 and L2, and the scheduler's prefetch brings them back into L2 through the
+controller's prefetch threads. Times are SGLang's own path end to end:
+
+  backup    insert of the request -> the controller's L3 ack (includes SGLang's L1->L2 copy)
+  prefetch  prefetch_from_storage -> check_prefetch_progress says done (L3 -> L2)
+
+Backends: radixtier (fdatasync before a page is indexed, as shipped; and with sync off, as
+HiCacheFile never syncs), SGLang's `file` backend (HiCacheFile: one buffered file per page),
+SGLang's `nixl` backend with NIXL's POSIX plugin when the nixl packages are installed, and fio
+reading the same number of bytes with the same block size (the device's limit). Cold = the
+page cache dropped (or fadvise'd away) before the prefetch; warm = not. Rounds interleave the
+backends; medians and spread are reported. Python's GC is collected and frozen after setup.
+
+    python bench/sglang_path.py [--dir DIR] [--shape llama8b,small] [--layouts layer_first,page_first_direct]
+                                [--reps 2] [--json out.json] [--md out.md] [--png out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the SGLang driver and its CPU shims
+sys.path.insert(0, HERE)
+
+from l3_bandwidth import drop_caches, fio_once  # noqa: E402
+
+SHAPES = {  # name: (layers, kv heads, head dim, page tokens, pages per run)
+    "llama8b": (32, 8, 128, 64, 24),  # 8 MiB pages (Llama-3-8B, bf16, page 64)
+    "small": (4, 2, 64, 16, 384),  # 32 KiB pages
+}
+
+
+def run_one(backend: str, layout: str, shape: str, workdir: str, cold: bool) -> Dict[str, float]:
+    from sglang_driver import SGLangNode
+
+    layers, heads, dim, ps, pages = SHAPES[shape]
+    page_bytes = 2 * layers * heads * dim * ps * 2
+    store_dir = os.path.join(workdir, f"{backend}-{layout}-{shape}")
+    shutil.rmtree(store_dir, ignore_errors=True)
+    os.makedirs(store_dir)
+    env: Dict[str, str] = {}
+    if backend.startswith("radixtier"):
+        kind = "dynamic"
+        slots = max(pages + 16, 64)  # a namespace holds whole blocks of 64 slot-table entries
+        extra = {"path": os.path.join(store_dir, "ns.img"), "capacity": str(slots * (page_bytes + 8192) + (64 << 20)),
+                 "node_id": "bench", "partitions": 1, "sync": backend == "radixtier"}
+    elif backend == "file":
+        kind, extra = "file", {}
+        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = store_dir
+    else:
+        kind = "nixl"
+        extra = {"plugin": {"posix": {"active": True, "use_uring": "true"}}, "use_direct_io": True,
+                 "l3_cleaner_enabled": False}
+        env["SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR"] = store_dir
+    node = SGLangNode(extra, layout=layout, page_size=ps, layers=layers, heads=heads, head_dim=dim,
+                      device_tokens=(pages + 2) * ps, host_ratio=2.0, storage_backend=kind, storage_env=env)
+    try:
+        tokens = list(range(7, 7 + pages * ps))
+        gc.collect()
+        gc.freeze()  # a full GC over this heap can pause SGLang's I/O threads for 0.1-0.7 s
+        cached, slots, _kv = node.prefill(tokens, seed=3)  # KV generation is not the backend's time
+        t0 = time.perf_counter()
+        node.cache_request(tokens, cached, slots)
+        node.settle_backups()
+        backup_s = time.perf_counter() - t0
+        node.evict_all()
+        m = node.match(tokens)
+        assert m.device_prefix_len == 0 and m.host_hit_length == 0, f"{backend}: pages still in L1/L2"
+        if cold:
+            drop_caches([os.path.join(r, f) for r, _d, fs in os.walk(store_dir) for f in fs])
+        t0 = time.perf_counter()
+        loaded = node.prefetch(tokens)
+        prefetch_s = time.perf_counter() - t0
+        assert loaded == len(tokens), f"{backend}: prefetch loaded {loaded} of {len(tokens)} tokens"
+        nbytes = pages * page_bytes
+        return {"backup_GBps": nbytes / backup_s / 1e9, "prefetch_GBps": nbytes / prefetch_s / 1e9,
+                "prefetch_pages_per_s": pages / prefetch_s, "backup_pages_per_s": pages / backup_s,
+                "page_bytes": page_bytes, "pages": pages}
+    finally:
+        gc.unfreeze()
+        node.close()
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def fio_reference(workdir: str, shape: str) -> Optional[float]:
+    """fio direct sequential read of the same byte count, block = one page, queue depth 16 (GB/s)."""
+    layers, heads, dim, ps, pages = SHAPES[shape]
+    page_bytes = 2 * layers * heads * dim * ps * 2
+    path = os.path.join(workdir, "fio.img")
+    with open(path, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(pages * page_bytes // len(chunk) + 1):
+            f.write(chunk)
+    os.sync()
+    bw = fio_once(path, 0, pages * page_bytes, page_bytes, 16)
+    os.remove(path)
+    return None if bw is None else bw / 1e9
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=None, help="where the stores live (default: a temp dir on /tmp's filesystem)")
+    ap.add_argument("--shape", default="llama8b,small", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--layouts", default="layer_first,page_first_direct")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved rounds per cell")
+    ap.add_argument("--warm", action="store_true", help="also run warm (page cache kept) prefetches")
+    ap.add_argument("--json", default="bench/results/sglang_path.json")
+    ap.add_argument("--md", default="bench/results/sglang_path.md")
+    ap.add_argument("--png", default="bench/results/sglang_path.png")
+    a = ap.parse_args(argv)
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    backends = ["radixtier", "radixtier-nosync", "file"]
+    if importlib.util.find_spec("nixl") is not None:
+        backends.append("nixl")
+    workdir = a.dir or tempfile.mkdtemp(prefix="sglang-path-")
+    os.makedirs(workdir, exist_ok=True)
+    temps = [False, True] if a.warm else [False]
+    rows: List[Dict[str, object]] = []
+    from tqdm import tqdm
+
+    cells = [(s, lay, warm) for s in a.shape.split(",") for lay in a.layouts.split(",") for warm in temps]
+    bar = tqdm(total=len(cells) * a.reps * (len(backends) + 1), desc="sglang path", unit="run")
+    for shape, layout, warm in cells:
+        runs: Dict[str, List[Dict[str, float]]] = {b: [] for b in backends}
+        fio: List[float] = []
+        for r in range(a.reps):
+            order = backends if r % 2 == 0 else list(reversed(backends))
+            for b in order:
+                runs[b].append(run_one(b, layout, shape, workdir, cold=not warm))
+                bar.update()
+            f = fio_reference(workdir, shape)
+            if f is not None:
+                fio.append(f)
+            bar.update()
+        row: Dict[str, object] = {"shape": shape, "layout": layout, "cache": "warm" if warm else "cold",
+                                  "page_bytes": runs[backends[0]][0]["page_bytes"],
+                                  "fio_GBps": statistics.median(fio) if fio else None, "fio_runs": fio}
+        for b in backends:
+            for metric in ("prefetch_GBps", "backup_GBps"):
+                vals = [x[metric] for x in runs[b]]
+                row[f"{b}_{metric}"] = statistics.median(vals)
+                row[f"{b}_{metric}_runs"] = vals
+        for other in backends[2:]:
+            for metric in ("prefetch_GBps", "backup_GBps"):
+                row[f"radixtier_vs_{other}_{metric}"] = row[f"radixtier_{metric}"] / row[f"{other}_{metric}"]
+        if fio:
+            row["radixtier_prefetch_vs_fio"] = row["radixtier_prefetch_GBps"] / row["fio_GBps"]
+        rows.append(row)
+    bar.close()
+    os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump({"backends": backends, "rows": rows, "workdir": workdir}, f, indent=2)
+    lines = ["| shape | layout | cache | " + " | ".join(f"{b} prefetch / backup GB/s" for b in backends)
+             + " | fio GB/s | radixtier prefetch vs fio | vs file (prefetch / backup) |",
+             "|" + "---|" * (5 + len(backends))]
+    for r in rows:
+        cells_txt = " | ".join(f"{r[f'{b}_prefetch_GBps']:.2f} / {r[f'{b}_backup_GBps']:.2f}" for b in backends)
+        fio_txt = f"{r['fio_GBps']:.2f}" if r["fio_GBps"] else "-"
+        vs = f"{r['radixtier_prefetch_vs_fio']:.2f}x" if r.get("radixtier_prefetch_vs_fio") else "-"
+        vf = f"{r['radixtier_vs_file_prefetch_GBps']:.1f}x / {r['radixtier_vs_file_backup_GBps']:.1f}x"
+        lines.append(f"| {r['shape']} | {r['layout']} | {r['cache']} | {cells_txt} | {fio_txt} | {vs} | {vf} |")
+    table = "\n".join(lines)
+    with open(a.md, "w") as f:
+        f.write(table + "\n")
+    print(table)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        labels = [f"{r['shape']}\n{r['layout']}\n{r['cache']}" for r in rows]
+        for ax, metric in zip(axes, ("prefetch_GBps", "backup_GBps")):
+            width = 0.8 / (len(backends) + 1)
+            for i, b in enumerate(backends):
+                ax.bar([x + i * width for x in range(len(rows))], [r[f"{b}_{metric}"] for r in rows], width, label=b)
+            if metric == "prefetch_GBps":
+                ax.bar([x + len(backends) * width for x in range(len(rows))], [r["fio_GBps"] or 0 for r in rows],
+                       width, label="fio (limit)", color="gray")
+            ax.set_xticks([x + 0.4 for x in range(len(rows))], labels, fontsize=7)
+            ax.set_ylabel("GB/s")
+            ax.set_title(f"through SGLang's controller: {metric.split('_')[0]}")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=110)
+        print(f"wrote {a.json}, {a.md}, {a.png}")
+    except ImportError:
+        print(f"wrote {a.json}, {a.md} (matplotlib missing: no plot)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
