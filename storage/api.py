@@ -17,7 +17,9 @@ import numpy as np
 # A page buffer: a contiguous CPU torch tensor, any writable buffer-protocol object, or (address, nbytes).
 BufferLike = Union[Any, Tuple[int, int]]
 
-STORAGE_TIER = "storage"  # the `tier` of a PageRecord for a tier-3 page (radixtier.tiers.Tier.STORAGE.label)
+# The `tier` of a PageRecord on the wire: the labels of radixtier.tiers.Tier (tests pin that they agree).
+STORAGE_TIER = "storage"  # a tier-3 page, readable by any node sharing the namespace
+HOST_TIER = "host"  # a page in a node's host memory
 
 
 @dataclass(frozen=True)

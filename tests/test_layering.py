@@ -53,3 +53,10 @@ def test_the_sglang_backend_does_not_load_the_embedded_cache_or_tree():
 def test_both_paths_publish_through_one_publisher():
     mods = loaded_after("import radixtier.cache")
     assert "radixtier.storage.publisher" in mods
+
+
+def test_record_tier_names_are_the_tier_labels():
+    from radixtier.storage.api import HOST_TIER, STORAGE_TIER
+    from radixtier.tiers import Tier
+
+    assert (Tier.STORAGE.label, Tier.HOST.label) == (STORAGE_TIER, HOST_TIER)

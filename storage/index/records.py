@@ -7,11 +7,11 @@ from typing import Optional
 
 import msgpack
 
-from radixtier.storage.api import STORAGE_TIER, PageLocation
+from radixtier.storage.api import HOST_TIER, STORAGE_TIER, PageLocation
 from radixtier.storage.api import PageRecord
 
 RECORD_VERSION = 1
-TIERS = (STORAGE_TIER, "host")  # tier 3, or a node's host memory
+TIERS = (STORAGE_TIER, HOST_TIER)
 _MAX_U64 = (1 << 64) - 1
 
 

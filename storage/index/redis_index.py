@@ -92,7 +92,7 @@ class RedisIndexConfig:
     backoff_max_s: float = 5.0
     gc_interval_s: float = 10.0
     publish_queue: int = 200_000
-    lookup_max_holders: int = 8  # records returned per page (a random sample when more nodes hold it)
+    lookup_max_holders: int = 4  # records returned per page (a random sample when more nodes hold it)
     record_max_bytes: int = 256  # larger values are skipped by the server (a valid record is < 120 bytes)
     ssl_ca_certs: Optional[str] = None
     ssl_certfile: Optional[str] = None
