@@ -395,3 +395,16 @@ def test_eviction_never_waits_on_tier3_writes_under_the_cache_lock(ns4, ns_file)
             check_prefix(cache, ns4, tokens, h.result)
     cache.close()
     store.close()
+
+
+def test_an_inserts_fill_mark_does_not_stick_to_a_split_head():
+    from radixtier.cache.inflight import InFlight
+    from radixtier.tree import Node
+    import numpy as np
+
+    table = InFlight()
+    node, head = Node(1, None, np.zeros(0, dtype="<i8"), []), Node(2, None, np.zeros(0, dtype="<i8"), [])
+    table.begin_fill(node)
+    table.on_split(node, head)  # the insert's own chunking splits the node it is filling
+    table.end_fill(node)
+    assert not table.busy(node) and not table.busy(head)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -201,3 +202,41 @@ def test_simultaneous_opens_of_two_partitions_keep_both_dirty_flags(tmp_path):
             s = NvmeofPageStore(path, PAGE, partition=p, node_id=f"check{p}")
             assert s.recovery["unclean"], f"partition {p} looked clean after its holder was killed"
             s.close()
+
+
+def test_a_stalled_renewal_stops_writes_before_the_lease_can_expire(tmp_path, monkeypatch):
+    """A device path that stalls (or a paused process) must not keep writing past 3/4 of the lease:
+    by expiry another host may own the partition."""
+    from radixtier.storage.nvmeof import lease as lease_mod
+
+    s = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=8 << 20, lease_s=0.4)
+    gate = threading.Event()
+    real_renew = lease_mod.PartitionLease.renew
+
+    def stalled(self):
+        gate.wait(10)  # the renewal's I/O hangs
+        return real_renew(self)
+
+    monkeypatch.setattr(lease_mod.PartitionLease, "renew", stalled)
+    time.sleep(0.5)
+    assert "not renewed" in s.fenced
+    assert s.put([key(1)], [page(1)]).ok == [False]
+    gate.set()  # the path comes back, nobody took the partition: writes resume
+    deadline = time.monotonic() + 5
+    while s.fenced and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert s.fenced == "" and s.put([key(1)], [page(1)]).ok == [True]
+    s.close()
+
+
+def test_a_failed_open_leaves_a_crashed_holders_state_for_the_next_open(tmp_path):
+    path = str(tmp_path / "ns.img")
+    format_namespace(path, PAGE, capacity_bytes=8 << 20)
+    code = CRASHER.format(path=path, page=PAGE)
+    assert subprocess.run([sys.executable, "-c", code, "0"], timeout=60).returncode == -9
+    with pytest.raises(ValueError, match="io_engine"):
+        NvmeofPageStore(path, PAGE, io_engine="no-such-engine")  # fails after taking the lease
+    assert _read_lease(path, 0).state == LEASE_HELD  # not marked clean by the failed open
+    s = NvmeofPageStore(path, PAGE)
+    assert s.recovery["unclean"]  # so the crashed holder's slots are still re-checked
+    s.close()

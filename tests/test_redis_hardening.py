@@ -126,3 +126,19 @@ def test_a_node_set_full_of_junk_ids_does_not_stall_lookups_or_gc(redis_server):
     assert raw.scard(all_key) < 300_000 and raw.sismember(all_key, "node-a")
     a.close()
     b.close()
+
+
+def test_root_pointers_of_pages_nobody_holds_are_deleted(redis_server):
+    a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
+    keys = publish_chain(a, 0, 4)
+    raw = redis.Redis.from_url(redis_server.url)
+    assert all(raw.exists(a._root_ptr_key(k)) for k in keys)
+    assert len(b.lookup(None, keys[1:])) == 3  # no prefix keys: the root comes from the pointer
+    b.publish(keys[0], keys[:1], [rec("node-b", 0)])  # node B holds page 0 too
+    assert b.flush()
+    a.unpublish(keys)
+    assert a.flush()
+    assert raw.exists(a._root_ptr_key(keys[0]))  # still held by B: its pointer stays
+    assert not any(raw.exists(a._root_ptr_key(k)) for k in keys[1:])
+    a.close()
+    b.close()

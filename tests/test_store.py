@@ -471,3 +471,31 @@ def test_cli_format_and_inspect(tmp_path, capsys):
     assert cli_main(["inspect", path, "--verify"]) == 0
     out = capsys.readouterr().out
     assert "5 used" in out and "node-b on" in out and "(closed cleanly)" in out and "errors: 0" in out
+
+
+def test_close_waits_for_a_running_read_and_refuses_new_calls(tmp_path, monkeypatch):
+    """SGLang's transfer threads may still be inside get/put when the backend closes the store."""
+    import threading
+
+    s = open_store(str(tmp_path / "ns.img"))
+    assert all(s.put([key(i) for i in range(4)], [content(i) for i in range(4)]).ok)
+    real = s._read_verified
+    started = threading.Event()
+
+    def slow(items):
+        started.set()
+        time.sleep(0.5)
+        return real(items)
+
+    monkeypatch.setattr(s, "_read_verified", slow)
+    out, result = [torch.zeros(NUMEL, dtype=torch.int32) for _ in range(4)], {}
+    reader = threading.Thread(target=lambda: result.setdefault("ok", s.get([key(i) for i in range(4)], out)))
+    reader.start()
+    assert started.wait(5)
+    t = time.monotonic()
+    s.close()
+    assert time.monotonic() - t >= 0.3  # it waited for the read in flight
+    reader.join(5)
+    assert result["ok"] == [True] * 4 and all(torch.equal(out[i], content(i)) for i in range(4))
+    with pytest.raises(RuntimeError, match="closed"):
+        s.get([key(0)], [out[0]])

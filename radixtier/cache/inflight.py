@@ -78,8 +78,8 @@ class InFlight:
             fut = table.get(node.id)
             if fut is not None:
                 table[head.id] = fut
-        if node.id in self._filling:
-            self._filling[head.id] = self._filling[node.id]
+        # an insert's fill mark stays on the node it named (end_fill names it); the head cannot be
+        # pruned meanwhile anyway, since the filled node hangs under it
         if node.id in self._spilling:
             self._spilling.add(head.id)
 

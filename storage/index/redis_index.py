@@ -368,6 +368,7 @@ class RedisPrefixIndex:
             ("MGET", lambda p: p.mget([s_key])),
             ("HSET", lambda p: p.hset(h_key, self.node_id, "1")),
             ("HMGET", lambda p: p.hmget(h_key, [self.node_id])),
+            ("HLEN", lambda p: p.hlen(h_key)),
             ("HSCAN", lambda p: p.hscan(h_key, 0)),
             ("HGETALL", lambda p: p.hgetall(h_key)),
             ("SADD", lambda p: p.sadd(set_key, "x")),
@@ -548,7 +549,7 @@ class RedisPrefixIndex:
         with self._live_lock:
             need = [n for n in nodes if n not in self._live or now - self._live[n][1] >= ttl]
         if need:
-            vals = link.call(lambda c: c.mget([self._node_key(n) for n in need]))
+            vals = link.call(lambda c: c.mget([self._node_key(n) for n in need]), chain=link is self._reader)
             with self._live_lock:
                 for n, v in zip(need, vals):
                     self._live[n] = (v is not None, now)
@@ -666,6 +667,7 @@ class RedisPrefixIndex:
 
             self._writer.call(run)
         if stale:
+            self._drop_orphan_pointers([(root_hex, key_hex) for key_hex, root_hex in stale])
             self._count("stale_removed", len(stale))
             log.info("radixtier: removed %d index records of pages this node no longer holds", len(stale))
         return saved
@@ -708,6 +710,8 @@ class RedisPrefixIndex:
         owned = self._owned_key(me)
         roots = self._published_roots([args[0] for kind, args in ops if kind == "unpub"])
 
+        dropped: List[Tuple[bytes, bytes]] = []  # (root, key) of records this batch deletes
+
         def run(client):
             pipe = self._pipeline(client)
             for kind, args in ops:
@@ -723,13 +727,41 @@ class RedisPrefixIndex:
                     root = roots.pop(args[0], None)
                     if root is not None:
                         pipe.hdel(self._page_key(root, args[0]), me)
+                        dropped.append((root, args[0]))
                     pipe.hdel(owned, args[0].hex())
             return pipe.execute()
 
         self._writer.call(run)
+        self._drop_orphan_pointers([(r.hex(), k.hex()) for r, k in dropped])
         n_pub = sum(1 for k, _ in ops if k == "pub")
         self._count("published", n_pub)
         self._count("unpublished", len(ops) - n_pub)
+
+    def _drop_orphan_pointers(self, pairs: List[Tuple[str, str]], batch: int = 1000) -> None:
+        """Delete the root pointers of pages nobody holds any more ((root hex, key hex) pairs).
+
+        Two steps (the pointer and the page's records live in different Cluster slots): a page
+        published by another node in between loses its pointer until that node republishes; a
+        lookup without prefix keys misses it meanwhile, nothing worse."""
+        for i in range(0, len(pairs), batch):
+            chunk = pairs[i:i + batch]
+
+            def lengths(client, chunk=chunk):
+                pipe = self._pipeline(client)
+                for root_hex, key_hex in chunk:
+                    pipe.hlen(f"{self._prefix}:{{{root_hex}}}:p:{key_hex}")
+                return pipe.execute()
+
+            empty = [key_hex for (_r, key_hex), n in zip(chunk, self._writer.call(lengths)) if not n]
+            if empty:
+                self._writer.call(lambda c, e=empty: self._delete_keys(c, [self._root_ptr_key(bytes.fromhex(k))
+                                                                           for k in e]))
+
+    def _delete_keys(self, client, names: List[str]):
+        pipe = self._pipeline(client)  # one DEL per key: in a Cluster they sit in different slots
+        for name in names:
+            pipe.delete(name)
+        return pipe.execute()
 
     def _published_roots(self, keys: List[bytes]) -> Dict[bytes, bytes]:
         """Roots under which `keys` were published (from our owned-pages hash), for unpublishing them."""
@@ -792,6 +824,8 @@ class RedisPrefixIndex:
                 return pipe.execute()
 
             self._writer.call(run)
+
+        self._drop_orphan_pointers([(_text(r), _text(k)) for k, r in items])
 
         def forget(client):
             pipe = self._pipeline(client)

@@ -226,6 +226,8 @@ static PyObject *Ring_run(RingObject *self, PyObject *args) {
                 failed = 1;
                 broken = 1;
                 inflight -= queued - sent;
+                for (Py_ssize_t j = next - (queued - sent); j < next; j++)
+                    ops[j].inflight = 0; /* never reached the kernel: their buffers can go back */
                 break;
             }
         }
@@ -276,11 +278,15 @@ static PyObject *Ring_run(RingObject *self, PyObject *args) {
         }
     }
     if (broken && self->ready) {
-        io_uring_queue_exit(&self->ring); /* cancels what the kernel still holds before buffers go */
+        io_uring_queue_exit(&self->ring);
         self->ready = 0;
     }
+    /* An op still in flight when the ring broke may yet be written by the kernel (ring teardown is
+     * asynchronous): its buffers stay exported (leaked) rather than handed back to their owner. */
     if (ops != NULL)
-        for (Py_ssize_t i = 0; i < n; i++) op_release(&ops[i]);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!ops[i].inflight)
+                op_release(&ops[i]);
     self->busy = 0;
     PyMem_Free(ops);
     PyMem_Free(done);
@@ -289,6 +295,10 @@ static PyObject *Ring_run(RingObject *self, PyObject *args) {
 }
 
 static PyObject *Ring_close(RingObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "ring is in use by a run() on another thread; close it after");
+        return NULL;
+    }
     if (self->ready) {
         io_uring_queue_exit(&self->ring);
         self->ready = 0;

@@ -147,11 +147,14 @@ class UringIO:
         self._local = threading.local()
         self._rings: list = []
         self._lock = threading.Lock()
+        self._closed = False
         self._ring()  # fail now, not on the first read, if the kernel refuses io_uring
 
     def _ring(self):
         from radixtier.storage.nvmeof import _uring
 
+        if self._closed:
+            raise RuntimeError("io_uring engine is closed")
         ring = getattr(self._local, "ring", None)
         if ring is None or ring.closed:  # torn down after a failed submission: start a new one
             ring = _uring.Ring(min(self.queue_depth, 4096))
@@ -183,7 +186,9 @@ class UringIO:
         return results
 
     def close(self) -> None:
+        """Close every thread's ring; the store calls this only once no call is running."""
         with self._lock:
+            self._closed = True
             for ring in self._rings:
                 ring.close()
             self._rings.clear()

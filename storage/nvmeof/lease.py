@@ -109,6 +109,7 @@ class PartitionLease:
         self.unclean = False  # the previous holder did not close cleanly (or the block was damaged)
         self._lock = threading.Lock()
         self._lost = ""
+        self._valid_until = 0.0  # monotonic: past this, with no renewal since, another host may own it
         self._record: Optional[LeaseRecord] = None
         self._host_fd = -1
         self._stop = threading.Event()
@@ -139,6 +140,7 @@ class PartitionLease:
             self._drop_host_lock()
             raise
         self._record = mine
+        self._valid_until = time.monotonic() + self._trusted_s()
         with _HELD_LOCK:
             _HELD_TOKENS.add(mine.token)
         self._thread = threading.Thread(target=self._renew_loop, name="radixtier-lease", daemon=True)
@@ -146,14 +148,27 @@ class PartitionLease:
 
     @property
     def lost(self) -> str:
-        """Why the lease is no longer ours ('' while it is): the store stops writing once set."""
+        """Why the lease may no longer be ours ('' while it is): the store does not write while set.
+
+        Set for good when another opener's token was read back; also, for as long as it lasts,
+        when no renewal succeeded for 3/4 of the lease (a stalled path or a paused process): by
+        expiry another host may take the partition, so writing stops before that can happen."""
         with self._lock:
-            return self._lost
+            if self._lost:
+                return self._lost
+        if self._record is not None and time.monotonic() > self._valid_until:
+            return (f"{self._where}: lease not renewed for {self._trusted_s():.1f} s (device stalled or process "
+                    f"paused); writes wait until a renewal succeeds")
+        return ""
+
+    def _trusted_s(self) -> float:
+        return self.lease_s * 0.75
 
     def renew(self) -> bool:
         """Re-read and extend the lease now; False (and `lost` set) when it is no longer ours."""
-        if self.lost or self._record is None:
-            return False
+        with self._lock:
+            if self._lost or self._record is None:  # taken for good (a stale renewal may resume, below)
+                return False
         try:
             cur = LeaseRecord.unpack(read_aligned(self._t, self._offset, 4096))
         except OSError as exc:
@@ -171,20 +186,32 @@ class PartitionLease:
         except OSError as exc:
             return self._renew_failed(f"lease write failed: {exc}")
         self._record = rec
+        self._valid_until = time.monotonic() + self._trusted_s()
         return True
 
-    def release(self) -> None:
-        """Stop renewing; mark the partition CLEAN if it is still ours (a clean close)."""
+    def release(self, mode: str = "clean") -> None:
+        """Stop renewing, then, if the lease is still ours:
+        "clean"   (a clean close) mark the partition CLEAN: the next open skips the slot re-check;
+        "restore" (an open that failed) put back what the open found: a crashed predecessor's
+                  HELD record (so its slots are still re-checked), else CLEAN;
+        "keep"    (a close with I/O still running) leave our HELD record: nobody may take the
+                  partition as clean, and a restart here re-checks its slots."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._thread.is_alive():  # renewal stuck in I/O: writing now could race it
+                mode = "keep"
         rec = self._record
         try:
-            if rec is not None and not self.lost:
+            if rec is not None and not self._lost and mode != "keep":
                 cur = LeaseRecord.unpack(read_aligned(self._t, self._offset, 4096))
                 if cur is not None and cur.token == rec.token:
-                    done = LeaseRecord(LEASE_CLEAN, rec.node_id, rec.host, rec.boot_id, rec.pid_ns, rec.pid,
-                                       rec.pid_start, rec.token, rec.acquired_ns, time.time_ns(), 0)
+                    prev = self.previous
+                    if mode == "restore" and prev is not None and prev.state == LEASE_HELD:
+                        done = prev
+                    else:
+                        done = LeaseRecord(LEASE_CLEAN, rec.node_id, rec.host, rec.boot_id, rec.pid_ns, rec.pid,
+                                           rec.pid_start, rec.token, rec.acquired_ns, time.time_ns(), 0)
                     write_aligned(self._t, self._offset, done.pack())
                     os.fdatasync(self._t.fd)
         finally:
@@ -260,8 +287,9 @@ class PartitionLease:
         period = max(0.05, self.lease_s / 4)
         while not self._stop.wait(period):
             if not self.renew():
-                if self.lost:
-                    return
+                with self._lock:
+                    if self._lost:
+                        return
 
     def _renew_failed(self, why: str) -> bool:
         rec = self._record

@@ -19,9 +19,9 @@ What it guarantees:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
+from contextlib import contextmanager
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -46,6 +46,35 @@ DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slo
 # of pages adds nothing to the full collections that pause every thread of an SGLang process.
 _Slot = Tuple[int, int, int, int, Optional[bytes]]
 SLOT, GEN, LENGTH, CSUM, PARENT = range(5)
+
+
+class _CallGate:
+    """Counts calls that may reach the device; close() waits for them, and none starts after it.
+    (A transfer thread of SGLang may still be inside get/put when the backend is closed.)"""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._active = 0
+        self._closing = False
+
+    @contextmanager
+    def call(self, path: str):
+        with self._cv:
+            if self._closing:
+                raise RuntimeError(f"{path}: the page store is closed")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._active -= 1
+                self._cv.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Refuse new calls; True once the running ones finished (False: still running at timeout)."""
+        with self._cv:
+            self._closing = True
+            return self._cv.wait_for(lambda: self._active == 0, timeout=timeout)
 
 
 @dataclass
@@ -185,13 +214,14 @@ class NvmeofPageStore:
                                         f"create_bytes to create one, or run `radixtier format`")
             format_namespace(path, page_bytes, create_bytes, partitions, direct=direct)
         self._t = open_target(path, direct=direct)
+        self._gate = _CallGate()
         self._lease: Optional[PartitionLease] = None
         self._engine = None
         try:
             self._open(page_bytes, partition, verify, eviction, io_engine, queue_depth, force_takeover)
         except BaseException:
             if self._lease is not None:
-                self._lease.release()
+                self._lease.release("restore")  # an open that failed leaves the record as it found it
             if self._engine is not None:
                 self._engine.close()
             self._t.close()
@@ -404,6 +434,11 @@ class NvmeofPageStore:
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
             parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
         """Write pages; ok[i] is True once page i is durable and indexed (or was already stored)."""
+        with self._gate.call(self.path):
+            return self._put(keys, buffers, parents)
+
+    def _put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
+             parents: Optional[Sequence[Optional[bytes]]]) -> PutResult:
         keys = [_check_key(k) for k in keys]
         if len(buffers) != len(keys):
             raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
@@ -533,6 +568,10 @@ class NvmeofPageStore:
         return s
 
     def delete(self, keys: Sequence[bytes]) -> int:
+        with self._gate.call(self.path):
+            return self._delete(keys)
+
+    def _delete(self, keys: Sequence[bytes]) -> int:
         keys = [_check_key(k) for k in keys]
         blocks = []
         with self._lock:
@@ -553,6 +592,10 @@ class NvmeofPageStore:
     # ---------------------------------------------------------------- reads
     def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
         """Read pages into caller buffers; ok[i] is True only for a page proven intact."""
+        with self._gate.call(self.path):
+            return self._get(keys, buffers)
+
+    def _get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
         keys = [_check_key(k) for k in keys]
         if len(buffers) != len(keys):
             raise ValueError(f"get: {len(keys)} keys but {len(buffers)} buffers")
@@ -605,6 +648,10 @@ class NvmeofPageStore:
 
     def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
         """Read a page any node wrote in this namespace, by (slot, generation), verified."""
+        with self._gate.call(self.path):
+            return self._read_location(location, key, buffer)
+
+    def _read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
         if location.namespace != self.uuid or not 0 <= location.slot < self.sb.slot_count:
             return False
         if location.length > self.page_bytes:
@@ -714,8 +761,16 @@ class NvmeofPageStore:
         return ok
 
     # ---------------------------------------------------------------- closing
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Refuse new calls, wait for running ones (a transfer thread may be inside get/put), then
+        release the partition (CLEAN only if nothing was left running) and close the device."""
         if self._t.fd < 0:
+            return
+        drained = self._gate.close(timeout)
+        if not drained:
+            log.error("radixtier: %s: I/O still running %.0f s after close; the partition is left marked "
+                      "open (the next opener re-checks its slots) and the descriptor stays open", self.path, timeout)
+            self._lease.release("keep")
             return
         try:
             self._lease.release()
