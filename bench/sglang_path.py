@@ -54,20 +54,7 @@ def run_one(backend: str, layout: str, shape: str, workdir: str, cold: bool) -> 
     store_dir = os.path.join(workdir, f"{backend}-{layout}-{shape}")
     shutil.rmtree(store_dir, ignore_errors=True)
     os.makedirs(store_dir)
-    env: Dict[str, str] = {}
-    if backend.startswith("radixtier"):
-        kind = "dynamic"
-        slots = max(pages + 16, 64)  # a namespace holds whole blocks of 64 slot-table entries
-        extra = {"path": os.path.join(store_dir, "ns.img"), "capacity": str(slots * (page_bytes + 8192) + (64 << 20)),
-                 "node_id": "bench", "partitions": 1, "sync": backend == "radixtier"}
-    elif backend == "file":
-        kind, extra = "file", {}
-        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = store_dir
-    else:
-        kind = "nixl"
-        extra = {"plugin": {"posix": {"active": True, "use_uring": "true"}}, "use_direct_io": True,
-                 "l3_cleaner_enabled": False}
-        env["SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR"] = store_dir
+    kind, extra, env = _backend_config(backend, store_dir, page_bytes, pages)
     node = SGLangNode(extra, layout=layout, page_size=ps, layers=layers, heads=heads, head_dim=dim,
                       device_tokens=(pages + 2) * ps, host_ratio=2.0, storage_backend=kind, storage_env=env)
     try:
@@ -98,6 +85,57 @@ def run_one(backend: str, layout: str, shape: str, workdir: str, cold: bool) -> 
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
+def multi_turn(backend: str, layout: str, shape: str, workdir: str, turns: int = 6) -> List[float]:
+    """Storage share of TTFT, per turn of one conversation: request arrival (prefetch) -> its whole
+    prefix on the device. Between turns other traffic pushes the conversation out of L1 and L2
+    (evict_all), so every turn's prefix comes back from L3; each turn adds a quarter of the pages."""
+    from sglang_driver import SGLangNode
+
+    layers, heads, dim, ps, pages = SHAPES[shape]
+    step = max(1, pages // 4)
+    total = step * (turns + 1)
+    page_bytes = 2 * layers * heads * dim * ps * 2
+    store_dir = os.path.join(workdir, f"mt-{backend}-{layout}-{shape}")
+    shutil.rmtree(store_dir, ignore_errors=True)
+    os.makedirs(store_dir)
+    kind, extra, env = _backend_config(backend, store_dir, page_bytes, total)
+    node = SGLangNode(extra, layout=layout, page_size=ps, layers=layers, heads=heads, head_dim=dim,
+                      device_tokens=(total + 2) * ps, host_ratio=2.0, storage_backend=kind, storage_env=env)
+    shares: List[float] = []
+    try:
+        tokens: List[int] = []
+        for turn in range(turns):
+            tokens = tokens + list(range(10_000_000 * (turn + 1), 10_000_000 * (turn + 1) + step * ps))
+            if turn:
+                node.evict_all()
+                drop_caches([os.path.join(r, f) for r, _d, fs in os.walk(store_dir) for f in fs])
+                t0 = time.perf_counter()
+                node.prefetch(tokens)
+                node.load_to_device(tokens)
+                shares.append(time.perf_counter() - t0)
+            node.insert(tokens, seed=turn)
+            node.settle_backups()
+    finally:
+        node.close()
+        shutil.rmtree(store_dir, ignore_errors=True)
+    return shares
+
+
+def _backend_config(backend: str, store_dir: str, page_bytes: int, pages: int):
+    env: Dict[str, str] = {}
+    if backend.startswith("radixtier"):
+        slots = max(pages + 16, 64)  # a namespace holds whole blocks of 64 slot-table entries
+        extra = {"path": os.path.join(store_dir, "ns.img"), "capacity": str(slots * (page_bytes + 8192) + (64 << 20)),
+                 "node_id": "bench", "partitions": 1, "sync": backend == "radixtier"}
+        return "dynamic", extra, env
+    if backend == "file":
+        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = store_dir
+        return "file", {}, env
+    env["SGLANG_HICACHE_NIXL_BACKEND_STORAGE_DIR"] = store_dir
+    return "nixl", {"plugin": {"posix": {"active": True, "use_uring": "true"}}, "use_direct_io": True,
+                    "l3_cleaner_enabled": False}, env
+
+
 def fio_reference(workdir: str, shape: str) -> Optional[float]:
     """fio direct sequential read of the same byte count, block = one page, queue depth 16 (GB/s)."""
     layers, heads, dim, ps, pages = SHAPES[shape]
@@ -120,6 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="layer_first,page_first_direct")
     ap.add_argument("--reps", type=int, default=2, help="interleaved rounds per cell")
     ap.add_argument("--warm", action="store_true", help="also run warm (page cache kept) prefetches")
+    ap.add_argument("--turns", type=int, default=6, help="turns of the multi-turn TTFT-share run (0: skip it)")
     ap.add_argument("--json", default="bench/results/sglang_path.json")
     ap.add_argument("--md", default="bench/results/sglang_path.md")
     ap.add_argument("--png", default="bench/results/sglang_path.png")
@@ -136,6 +175,7 @@ def main(argv=None) -> int:
 
     cells = [(s, lay, warm) for s in a.shape.split(",") for lay in a.layouts.split(",") for warm in temps]
     bar = tqdm(total=len(cells) * a.reps * (len(backends) + 1), desc="sglang path", unit="run")
+    run_one(backends[0], cells[0][1], "small", workdir, cold=True)  # warm-up: imports, SGLang's JIT hash build
     for shape, layout, warm in cells:
         runs: Dict[str, List[Dict[str, float]]] = {b: [] for b in backends}
         fio: List[float] = []
@@ -163,9 +203,19 @@ def main(argv=None) -> int:
             row["radixtier_prefetch_vs_fio"] = row["radixtier_prefetch_GBps"] / row["fio_GBps"]
         rows.append(row)
     bar.close()
+    ttft: List[Dict[str, object]] = []
+    if a.turns > 1:
+        for shape in a.shape.split(","):
+            for layout in a.layouts.split(","):
+                row = {"shape": shape, "layout": layout}
+                for b in backends:
+                    shares = multi_turn(b, layout, shape, workdir, a.turns)
+                    row[f"{b}_ms"] = statistics.median(shares) * 1e3
+                    row[f"{b}_ms_runs"] = [x * 1e3 for x in shares]
+                ttft.append(row)
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"backends": backends, "rows": rows, "workdir": workdir}, f, indent=2)
+        json.dump({"backends": backends, "rows": rows, "ttft_storage_share": ttft, "workdir": workdir}, f, indent=2)
     lines = ["| shape | layout | cache | " + " | ".join(f"{b} prefetch / backup GB/s" for b in backends)
              + " | fio GB/s | radixtier prefetch vs fio | vs file (prefetch / backup) |",
              "|" + "---|" * (5 + len(backends))]
@@ -175,6 +225,12 @@ def main(argv=None) -> int:
         vs = f"{r['radixtier_prefetch_vs_fio']:.2f}x" if r.get("radixtier_prefetch_vs_fio") else "-"
         vf = f"{r['radixtier_vs_file_prefetch_GBps']:.1f}x / {r['radixtier_vs_file_backup_GBps']:.1f}x"
         lines.append(f"| {r['shape']} | {r['layout']} | {r['cache']} | {cells_txt} | {fio_txt} | {vs} | {vf} |")
+    if ttft:
+        lines += ["", "Storage share of TTFT per turn (request arrival -> prefix on device, median ms over turns):", "",
+                  "| shape | layout | " + " | ".join(backends) + " |", "|" + "---|" * (2 + len(backends))]
+        for r in ttft:
+            lines.append(f"| {r['shape']} | {r['layout']} | " + " | ".join(f"{r[f'{b}_ms']:.0f}" for b in backends)
+                         + " |")
     table = "\n".join(lines)
     with open(a.md, "w") as f:
         f.write(table + "\n")

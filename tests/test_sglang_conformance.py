@@ -7,18 +7,13 @@ Every K and V byte of every layer that SGLang loads back onto the device is chec
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-try:
-    from sglang_driver import SGLangNode
-except ImportError as exc:  # a broken install in CI must fail, not pass as "skipped"
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"CI=true: sglang 0.5.23 does not import ({exc}); "
-                           f"bash scripts/setup.sh --test installs it") from exc
-    pytest.skip(f"needs sglang 0.5.23 (bash scripts/setup.sh --test): {exc}", allow_module_level=True)
+from conftest import require_sglang  # noqa: E402
+
+require_sglang("sglang_driver")
+from sglang_driver import SGLangNode  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 PS = 16

@@ -12,13 +12,9 @@ import time
 import pytest
 import torch
 
-try:
-    import sglang.srt.mem_cache.hicache_storage  # noqa: F401
-except ImportError as exc:  # a broken install in CI must fail, not pass as "skipped"
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"CI=true: sglang 0.5.23 does not import ({exc}); "
-                           f"bash scripts/setup.sh --test installs it") from exc
-    pytest.skip(f"needs sglang 0.5.23 (bash scripts/setup.sh --test): {exc}", allow_module_level=True)
+from conftest import require_sglang  # noqa: E402
+
+require_sglang("sglang.srt.mem_cache.hicache_storage")
 
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageConfig, HiCacheStorageExtraInfo,  # noqa: E402
                                                   PoolHitPolicy, PoolName, PoolTransfer)
