@@ -29,6 +29,7 @@ class OneFilePerPageStore:
         self.directory = directory
         self.page_bytes = page_bytes
         self.capacity_pages = capacity_pages
+        self.partition = 0  # one writer: the whole directory
         self.uuid = hashlib.blake2b(os.path.abspath(directory).encode(), digest_size=16).hexdigest()
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
@@ -128,6 +129,15 @@ class OneFilePerPageStore:
                     self._drop(bytes(k))
                     n += 1
             return n
+
+    def clear(self) -> int:
+        with self._lock:
+            keys = list(self._pages)
+        return self.delete(keys)
+
+    def stats(self) -> Dict[str, object]:
+        with self._lock:
+            return {"path": self.directory, "used_pages": len(self._pages), "capacity_pages": self.capacity_pages}
 
     def touch(self, keys: Sequence[bytes]) -> None:
         with self._lock:

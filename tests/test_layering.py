@@ -60,3 +60,26 @@ def test_record_tier_names_are_the_tier_labels():
     from radixtier.tiers import Tier
 
     assert (Tier.STORAGE.label, Tier.HOST.label) == (STORAGE_TIER, HOST_TIER)
+
+
+def test_implementations_satisfy_the_storage_protocols(tmp_path):
+    """The protocols are complete, so callers never probe: every implementation has every method."""
+    import sys
+
+    from radixtier.storage.api import PageStore, PrefixIndex
+    from radixtier.storage.index.inprocess import InProcessIndex
+    from radixtier.storage.index.redis_index import RedisPrefixIndex
+    from radixtier.storage.nvmeof.store import NvmeofPageStore
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent.parent / "bench"))
+    from naive_store import OneFilePerPageStore
+
+    store = NvmeofPageStore(str(tmp_path / "ns.img"), 4096, create_bytes=4 << 20)
+    naive = OneFilePerPageStore(str(tmp_path / "naive"), 4096, 8)
+    try:
+        assert isinstance(store, PageStore) and isinstance(naive, PageStore)
+        assert isinstance(InProcessIndex("n"), PrefixIndex)
+        for name in ("publish", "unpublish", "lookup", "set_republisher", "flush", "health", "close"):
+            assert callable(getattr(RedisPrefixIndex, name)), name
+    finally:
+        store.close()
