@@ -33,6 +33,7 @@ import torch
 
 import sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler as assembler
 import sglang.srt.mem_cache.pool_host.mha as pool_host_mha
+import sglang.srt.mem_cache.pool_host.mla as pool_host_mla
 from sglang.srt.arg_groups.hicache_hook import handle_hicache
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.allocation import alloc_token_slots
@@ -40,7 +41,7 @@ from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import (CacheRequestHandle, InitLoadBackParams, InsertParams,
                                                     MatchPrefixParams)
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -62,17 +63,29 @@ def _transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_ind
 
 
 def _transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices, page_size):
-    layers = len(src_ptrs) // 2  # device buffers: every layer's K, then every layer's V
+    # device buffers: every layer's K, then every layer's V (MHA: two host buffers) or one latent
+    # buffer per layer (MLA: one host buffer)
+    layers = len(src_ptrs) // len(dst_ptrs)
     idx = dst_indices.long()
-    for layer in range(layers):
-        dst_ptrs[0][idx // page_size, layer, idx % page_size] = src_ptrs[layer][src_indices.long()]
-        dst_ptrs[1][idx // page_size, layer, idx % page_size] = src_ptrs[layers + layer][src_indices.long()]
+    for b, dst in enumerate(dst_ptrs):
+        for layer in range(layers):
+            dst[idx // page_size, layer, idx % page_size] = src_ptrs[b * layers + layer][src_indices.long()]
+
+
+class _UnpinnedMLAHost(pool_host_mla.MLATokenToKVPoolHost):
+    """SGLang's MLA host pool with pin_memory=False (shim 2, for the class the assembler names directly)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["pin_memory"] = False
+        super().__init__(*args, **kwargs)
 
 
 def install_cpu_shims() -> None:
-    pool_host_mha.transfer_kv_direct = _transfer_kv_direct
-    pool_host_mha.transfer_kv_per_layer_direct_pf_lf = _transfer_kv_per_layer_direct_pf_lf
-    pool_host_mha.transfer_kv_all_layer_direct_lf_pf = _transfer_kv_all_layer_direct_lf_pf
+    for module in (pool_host_mha, pool_host_mla):
+        module.transfer_kv_direct = _transfer_kv_direct
+        module.transfer_kv_per_layer_direct_pf_lf = _transfer_kv_per_layer_direct_pf_lf
+        module.transfer_kv_all_layer_direct_lf_pf = _transfer_kv_all_layer_direct_lf_pf
+    assembler.MLATokenToKVPoolHost = _UnpinnedMLAHost
     if not getattr(assembler.get_mha_host_pool_cls, "_radixtier_unpinned", False):
         original = assembler.get_mha_host_pool_cls
 
@@ -96,16 +109,22 @@ class SGLangNode:
                  prefetch_policy: str = "wait_complete", page_size: int = 16, layers: int = 4, heads: int = 2,
                  head_dim: int = 64, device_tokens: int = 512, host_ratio: float = 2.0,
                  prefetch_timeout_s: Optional[float] = None, storage_backend: str = "dynamic",
-                 storage_env: Optional[Dict[str, str]] = None) -> None:
+                 storage_env: Optional[Dict[str, str]] = None, mla: bool = False) -> None:
         """extra: radixtier's extra_config keys (storage_backend "dynamic"), or another SGLang
         backend's own extra_config (e.g. "file", "nixl"; their directories come from storage_env)."""
         install_cpu_shims()
         self.page_size, self.layers, self.heads, self.head_dim = page_size, layers, heads, head_dim
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
         self.req_to_token = ReqToTokenPool(size=16, max_context_len=4096, device="cpu", enable_memory_saver=False)
-        self.kv = MHATokenToKVPool(device_tokens, page_size=page_size, dtype=torch.bfloat16, head_num=heads,
-                                   head_dim=head_dim, layer_num=layers, device="cpu", enable_memory_saver=False,
-                                   start_layer=0, end_layer=layers, enable_alt_stream=False)
+        self.mla = mla
+        if mla:  # one latent buffer per layer: kv_lora_rank = head_dim, rope dim 16
+            self.kv = MLATokenToKVPool(device_tokens, page_size=page_size, dtype=torch.bfloat16, kv_lora_rank=head_dim,
+                                       qk_rope_head_dim=16, layer_num=layers, device="cpu", enable_memory_saver=False,
+                                       start_layer=0, end_layer=layers)
+        else:
+            self.kv = MHATokenToKVPool(device_tokens, page_size=page_size, dtype=torch.bfloat16, head_num=heads,
+                                       head_dim=head_dim, layer_num=layers, device="cpu", enable_memory_saver=False,
+                                       start_layer=0, end_layer=layers, enable_alt_stream=False)
         self.allocator = PagedTokenToKVPoolAllocator(device_tokens, page_size=page_size, dtype=torch.bfloat16,
                                                      device="cpu", kvcache=self.kv, need_sort=False)
         params = CacheInitParams(req_to_token_pool=self.req_to_token, token_to_kv_pool_allocator=self.allocator,
@@ -135,32 +154,39 @@ class SGLangNode:
         self._rid = 0
 
     # ---------------------------------------------------------------- KV contents
-    def fill(self, indices: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Random K and V for these token slots in every layer; returns them as [layers, tokens, heads, dim]."""
+    def _layer_buffers(self) -> List[List[torch.Tensor]]:
+        """Per layer, the device tensors holding its KV: [K, V] (MHA) or [latent] (MLA)."""
+        if self.mla:
+            return [[self.kv.kv_buffer[layer]] for layer in range(self.layers)]
+        return [[self.kv.k_buffer[layer], self.kv.v_buffer[layer]] for layer in range(self.layers)]
+
+    def fill(self, indices: torch.Tensor, seed: int) -> Tuple[torch.Tensor, ...]:
+        """Random KV for these token slots in every layer; returns them (see snapshot)."""
         g = torch.Generator().manual_seed(seed)
-        shape = (len(indices), self.heads, self.head_dim)
-        for layer in range(self.layers):
-            for buf in (self.kv.k_buffer[layer], self.kv.v_buffer[layer]):
+        for bufs in self._layer_buffers():
+            for buf in bufs:
+                shape = (len(indices),) + tuple(buf.shape[1:])
                 buf[indices] = torch.randint(-30000, 30000, shape, generator=g, dtype=torch.int16).view(torch.bfloat16)
         return self.snapshot(indices)
 
-    def snapshot(self, indices: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        k = torch.stack([self.kv.k_buffer[layer][indices] for layer in range(self.layers)])
-        v = torch.stack([self.kv.v_buffer[layer][indices] for layer in range(self.layers)])
-        return k.view(torch.int16).clone(), v.view(torch.int16).clone()
+    def snapshot(self, indices: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """KV of these token slots, one int16 tensor [layers, tokens, ...] per buffer kind (K, V or latent)."""
+        per_layer = self._layer_buffers()
+        return tuple(torch.stack([bufs[b][indices] for bufs in per_layer]).view(torch.int16).clone()
+                     for b in range(len(per_layer[0])))
 
     # ---------------------------------------------------------------- the scheduler's steps
     def match(self, tokens: List[int]):
         return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
 
-    def insert(self, tokens: List[int], seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def insert(self, tokens: List[int], seed: int) -> Tuple[torch.Tensor, ...]:
         """Prefill a request: its slots come from SGLang's allocation path (evicting under pressure),
         its KV is written, and it is cached; returns the KV written for its new tokens."""
         cached, slots, kv = self.prefill(tokens, seed)
         self.cache_request(tokens, cached, slots)
         return kv
 
-    def prefill(self, tokens: List[int], seed: int) -> Tuple[int, torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    def prefill(self, tokens: List[int], seed: int) -> Tuple[int, torch.Tensor, Tuple[torch.Tensor, ...]]:
         """Allocate the request's new tokens (SGLang's alloc_token_slots) and write their KV."""
         cached = self.match(tokens).device_prefix_len
         slots = alloc_token_slots(self.cache, len(tokens) - cached)
@@ -223,7 +249,7 @@ class SGLangNode:
             self.req_to_token.free(req)
         return self.match(tokens).device_prefix_len
 
-    def device_kv(self, tokens: List[int], start: int, end: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def device_kv(self, tokens: List[int], start: int, end: int) -> Tuple[torch.Tensor, ...]:
         indices = self.cache.path_device_indices(self.match(tokens).last_device_node)[start:end]
         return self.snapshot(indices)
 

@@ -98,3 +98,23 @@ def test_two_nodes_multi_turn_prefetch_served_by_the_other_nodes_pages(ns, redis
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+def test_an_mla_pool_round_trips_through_sglang(ns, layout):
+    """SGLang's MLA pools (one latent buffer per layer) through the same path, byte-exact."""
+    node = SGLangNode({**ns, "node_id": "mla"}, layout=layout, mla=True)
+    try:
+        assert node.backend.rank.is_mla
+        first = seq(0)
+        want = node.insert(first, seed=5)
+        for i in range(1, 15):
+            node.insert(seq(i), seed=200 + i)
+        node.settle_backups()
+        m = node.match(first)
+        assert m.device_prefix_len == 0 and m.host_hit_length == 0
+        assert node.prefetch(first) == len(first)
+        assert node.load_to_device(first) == len(first)
+        assert same(node.device_kv(first, 0, len(first)), want)
+    finally:
+        node.close()
