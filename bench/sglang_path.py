@@ -15,8 +15,9 @@ reading the same number of bytes with the same block size (the device's limit). 
 page cache dropped (or fadvise'd away) before the prefetch; warm = not. Rounds interleave the
 backends; medians and spread are reported. Python's GC is collected and frozen after setup.
 
-    python bench/sglang_path.py [--dir DIR] [--shape llama8b,small] [--layouts layer_first,page_first_direct]
-                                [--reps 2] [--json out.json] [--md out.md] [--png out.png]
+    python bench/sglang_path.py [--ram-device | --dir DIR] [--shape llama8b,small]
+                                [--layouts layer_first,page_first_direct] [--reps 2] [--turns 6]
+                                [--json out.json] [--md out.md] [--png out.png]
 """
 
 from __future__ import annotations
@@ -159,15 +160,28 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="interleaved rounds per cell")
     ap.add_argument("--warm", action="store_true", help="also run warm (page cache kept) prefetches")
     ap.add_argument("--turns", type=int, default=6, help="turns of the multi-turn TTFT-share run (0: skip it)")
+    ap.add_argument("--ram-device", action="store_true",
+                    help="put the stores on a RAM-backed loop device made (and removed) for this run (needs root)")
     ap.add_argument("--json", default="bench/results/sglang_path.json")
     ap.add_argument("--md", default="bench/results/sglang_path.md")
     ap.add_argument("--png", default="bench/results/sglang_path.png")
     a = ap.parse_args(argv)
+    if a.ram_device:
+        from ramdevice import RamDeviceUnavailable, ram_device
+
+        try:
+            with ram_device(3 << 30) as mount:
+                return run_all(a, os.path.join(mount, "work"))
+        except RamDeviceUnavailable as exc:
+            print(f"RAM device skipped ({exc}); using {a.dir or 'a temp dir'}", file=sys.stderr)
+    return run_all(a, a.dir or tempfile.mkdtemp(prefix="sglang-path-"))
+
+
+def run_all(a: argparse.Namespace, workdir: str) -> int:
     logging.getLogger("sglang").setLevel(logging.ERROR)
     backends = ["radixtier", "radixtier-nosync", "file"]
     if importlib.util.find_spec("nixl") is not None:
         backends.append("nixl")
-    workdir = a.dir or tempfile.mkdtemp(prefix="sglang-path-")
     os.makedirs(workdir, exist_ok=True)
     temps = [False, True] if a.warm else [False]
     rows: List[Dict[str, object]] = []
