@@ -47,17 +47,28 @@ SHAPES = {  # name: (layers, kv heads, head dim, page tokens, pages per run)
 }
 
 
-def run_one(backend: str, layout: str, shape: str, workdir: str, cold: bool) -> Dict[str, float]:
+def page_bytes_of(shape: str) -> int:
+    layers, heads, dim, ps, _pages = SHAPES[shape]
+    return 2 * layers * heads * dim * ps * 2  # K and V, bf16
+
+
+def open_node(backend: str, layout: str, shape: str, store_dir: str, pages: int):
+    """A fresh SGLang cache of `shape` with room for `pages` pages in L1, `backend` as its L3."""
     from sglang_driver import SGLangNode
 
-    layers, heads, dim, ps, pages = SHAPES[shape]
-    page_bytes = 2 * layers * heads * dim * ps * 2
-    store_dir = os.path.join(workdir, f"{backend}-{layout}-{shape}")
+    layers, heads, dim, ps, _pages = SHAPES[shape]
     shutil.rmtree(store_dir, ignore_errors=True)
     os.makedirs(store_dir)
-    kind, extra, env = _backend_config(backend, store_dir, page_bytes, pages)
-    node = SGLangNode(extra, layout=layout, page_size=ps, layers=layers, heads=heads, head_dim=dim,
+    kind, extra, env = _backend_config(backend, store_dir, page_bytes_of(shape), pages)
+    return SGLangNode(extra, layout=layout, page_size=ps, layers=layers, heads=heads, head_dim=dim,
                       device_tokens=(pages + 2) * ps, host_ratio=2.0, storage_backend=kind, storage_env=env)
+
+
+def run_one(backend: str, layout: str, shape: str, workdir: str, cold: bool) -> Dict[str, float]:
+    _l, _h, _d, ps, pages = SHAPES[shape]
+    page_bytes = page_bytes_of(shape)
+    store_dir = os.path.join(workdir, f"{backend}-{layout}-{shape}")
+    node = open_node(backend, layout, shape, store_dir, pages)
     try:
         tokens = list(range(7, 7 + pages * ps))
         gc.collect()
@@ -90,18 +101,10 @@ def multi_turn(backend: str, layout: str, shape: str, workdir: str, turns: int =
     """Storage share of TTFT, per turn of one conversation: request arrival (prefetch) -> its whole
     prefix on the device. Between turns other traffic pushes the conversation out of L1 and L2
     (evict_all), so every turn's prefix comes back from L3; each turn adds a quarter of the pages."""
-    from sglang_driver import SGLangNode
-
-    layers, heads, dim, ps, pages = SHAPES[shape]
+    _l, _h, _d, ps, pages = SHAPES[shape]
     step = max(1, pages // 4)
-    total = step * (turns + 1)
-    page_bytes = 2 * layers * heads * dim * ps * 2
     store_dir = os.path.join(workdir, f"mt-{backend}-{layout}-{shape}")
-    shutil.rmtree(store_dir, ignore_errors=True)
-    os.makedirs(store_dir)
-    kind, extra, env = _backend_config(backend, store_dir, page_bytes, total)
-    node = SGLangNode(extra, layout=layout, page_size=ps, layers=layers, heads=heads, head_dim=dim,
-                      device_tokens=(total + 2) * ps, host_ratio=2.0, storage_backend=kind, storage_env=env)
+    node = open_node(backend, layout, shape, store_dir, step * (turns + 1))
     shares: List[float] = []
     try:
         tokens: List[int] = []
@@ -139,8 +142,7 @@ def _backend_config(backend: str, store_dir: str, page_bytes: int, pages: int):
 
 def fio_reference(workdir: str, shape: str) -> Optional[float]:
     """fio direct sequential read of the same byte count, block = one page, queue depth 16 (GB/s)."""
-    layers, heads, dim, ps, pages = SHAPES[shape]
-    page_bytes = 2 * layers * heads * dim * ps * 2
+    pages, page_bytes = SHAPES[shape][4], page_bytes_of(shape)
     path = os.path.join(workdir, "fio.img")
     with open(path, "wb") as f:
         chunk = os.urandom(1 << 20)
