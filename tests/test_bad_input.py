@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 
-from radixtier.cli import main as cli_main
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
 from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
 from radixtier.units import parse_size

@@ -10,12 +10,13 @@ import difflib
 import math
 import socket
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from radixtier.storage import validate
 from radixtier.storage.index.redis_index import RedisIndexConfig
 from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST
-from radixtier.storage.nvmeof.io_engine import ENGINES
+from radixtier.storage.nvmeof.io_engine import ENGINES, MAX_QUEUE_DEPTH
+from radixtier.storage.nvmeof.layout import MAX_PARTITIONS
 from radixtier.units import parse_size
 
 # Keys SGLang itself reads from the same JSON object; accepted and left to SGLang.
@@ -110,15 +111,15 @@ class BackendConfig:
     def check(self) -> None:
         if not self.path:
             raise ConfigError("path: required: the NVMe-oF namespace (e.g. /dev/nvme1n1) or a file on it")
-        for name in ("partitions", "queue_depth", "coalesce_bytes"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
         for name in ("capacity", "partition", "page_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected a non-negative integer, got {getattr(self, name)!r}")
         if self.page_bytes and self.page_bytes % 512:
             raise ConfigError(f"page_bytes: expected a multiple of 512, got {self.page_bytes}")
         try:
+            validate.positive_int("partitions", self.partitions, MAX_PARTITIONS)
+            validate.positive_int("queue_depth", self.queue_depth, MAX_QUEUE_DEPTH)
+            validate.positive_int("coalesce_bytes", self.coalesce_bytes)
             validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
             validate.positive_seconds("lease_s", self.lease_s)
             for name, allowed in (("io_engine", ENGINES), ("verify", validate.VERIFY_MODES),

@@ -22,6 +22,7 @@ from radixtier.storage.validate import positive_int
 log = logging.getLogger("radixtier.storage.io")
 
 IOV_MAX = 1024
+MAX_QUEUE_DEPTH = 4096  # I/Os in flight per ring or pool (the extension accepts 1..4096)
 OnDone = Callable[[int, int], None]  # (op index, bytes moved or -errno)
 
 
@@ -78,7 +79,7 @@ class ThreadPoolIO:
     name = "threads"
 
     def __init__(self, queue_depth: int = 16) -> None:
-        positive_int("queue_depth", queue_depth, 4096)
+        positive_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
         self.queue_depth = queue_depth
         self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix="radixtier-pio")
 
@@ -139,7 +140,7 @@ class UringIO:
     name = "io_uring"
 
     def __init__(self, queue_depth: int = 16) -> None:
-        positive_int("queue_depth", queue_depth, 4096)
+        positive_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
         reason = uring_unusable_reason()
         if reason:
             raise OSError(errno.ENOSYS, reason)  # tells make_engine to fall back
@@ -157,7 +158,7 @@ class UringIO:
             raise RuntimeError("io_uring engine is closed")
         ring = getattr(self._local, "ring", None)
         if ring is None or ring.closed:  # torn down after a failed submission: start a new one
-            ring = _uring.Ring(min(self.queue_depth, 4096))
+            ring = _uring.Ring(self.queue_depth)
             self._local.ring = ring
             with self._lock:
                 self._rings.append(ring)

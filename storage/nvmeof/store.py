@@ -21,13 +21,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from contextlib import contextmanager
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
-from radixtier.storage.nvmeof.io_engine import IOV_MAX, IOOp, aligned_buffer, make_engine
+from radixtier.storage.nvmeof.io_engine import IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, make_engine
 from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
                                       SlotHeader, Superblock, TableEntry, align_up, checksum)
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
@@ -116,7 +116,6 @@ def _check_key(key: bytes) -> bytes:
     return bytes(key)
 
 
-
 def format_namespace(path: str, page_bytes: int, capacity_bytes: Optional[int] = None, partitions: int = 1,
                      force: bool = False, direct: bool = True) -> Superblock:
     """Write a fresh superblock and empty tables. Refuses to overwrite anything unless force=True.
@@ -193,8 +192,7 @@ class NvmeofPageStore:
                  eviction: str = LEAVES_FIRST, verify: str = "auto",
                  coalesce_bytes: int = DEFAULT_COALESCE_BYTES, lease_s: float = DEFAULT_LEASE_S,
                  force_takeover: bool = False) -> None:
-        if eviction not in EVICTION_MODES:
-            raise ValueError(f"eviction: expected one of {', '.join(EVICTION_MODES)}, got {eviction!r}")
+        one_of("eviction", eviction, EVICTION_MODES)
         one_of("verify", verify, VERIFY_MODES)
         validate_node_id("node_id", node_id)
         if page_bytes is not None:
@@ -202,7 +200,7 @@ class NvmeofPageStore:
         if create_bytes:
             positive_int("capacity", create_bytes)
         positive_int("coalesce_bytes", coalesce_bytes)
-        positive_int("queue_depth", queue_depth, 4096)
+        positive_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
         self.lease_s = positive_seconds("lease_s", lease_s)
         self.path = path
         self.node_id = node_id
