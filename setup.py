@@ -9,7 +9,9 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("radixtier.storage.nvmeof._uring", ["storage/nvmeof/_uring.c"], libraries=["uring"], optional=True,
+        Extension("radixtier.storage.nvmeof._uring",
+                  ["storage/nvmeof/_uring.c", "storage/nvmeof/_pagebatch.c", "storage/nvmeof/_crc32c.c"],
+                  depends=["storage/nvmeof/_native.h"], libraries=["uring"], optional=True,
                   extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"]),
     ],
 )

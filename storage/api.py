@@ -145,6 +145,42 @@ def buffer_view(buf: BufferLike, nbytes: Optional[int] = None) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
+def native_buffer(buf: object) -> object:
+    """A page (or segment list) as the native core takes it: tensors become (address, nbytes) after
+    the checks buffer_view makes; buffers, (address, nbytes) pairs and lists pass through. Called
+    once per page on the read path, so the common cases are tested first and cheaply."""
+    if isinstance(buf, tuple):
+        if len(buf) == 2 and type(buf[0]) is int and type(buf[1]) is int:
+            return buf
+        return [native_buffer(b) for b in buf]
+    if isinstance(buf, list):
+        return [native_buffer(b) for b in buf]
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(buf, tensor):
+        if not buf.is_cpu:
+            raise ValueError(f"buffer: tier-3 I/O needs host tensors, got a tensor on {buf.device}")
+        if not buf.is_contiguous():
+            raise ValueError("buffer: tensor must be contiguous")
+        n = buf.nbytes
+        return (buf.data_ptr(), n) if n else bytearray(0)
+    return buf
+
+
+_TENSOR: list = []
+
+
+def _torch_tensor_type():
+    """torch.Tensor once torch is imported by anyone (the store itself never needs torch)."""
+    if not _TENSOR:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        _TENSOR.append(torch.Tensor)
+    return _TENSOR[0]
+
+
 def buffer_address(buf: BufferLike) -> Tuple[int, int]:
     """(address, nbytes) of a page buffer, for alignment checks."""
     if isinstance(buf, tuple) and len(buf) == 2 and all(isinstance(x, int) for x in buf):

@@ -135,10 +135,12 @@ def _slot_payload_offset(s: NvmeofPageStore, k: bytes) -> int:
     return s.sb.slot_offset(s.location(k).slot) + HEADER_BYTES
 
 
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
 @pytest.mark.parametrize("where", ["payload", "header", "table_stale"])
-def test_corrupt_torn_or_stale_page_is_a_miss_and_freed(tmp_path, where):
+def test_corrupt_torn_or_stale_page_is_a_miss_and_freed(tmp_path, where, engine):
+    _skip_without(engine)
     path = str(tmp_path / "ns.img")
-    s = open_store(path)
+    s = open_store(path, io_engine=engine)
     s.put([key(i) for i in range(4)], [content(i) for i in range(4)])
     victim = key(2)
     loc = s.location(victim)
@@ -227,9 +229,25 @@ def test_bad_input_leaks_no_slot_and_pins_no_page(tmp_path):
     s.close()
 
 
-def test_duplicate_key_in_a_batch_is_stored_only_if_its_write_is(tmp_path, monkeypatch):
-    s = open_store(str(tmp_path / "ns.img"))
-    monkeypatch.setattr(s, "_run_coalesced", lambda write, ops, on_done=None: [False] * len(ops))
+def _skip_without(engine: str) -> None:
+    if engine == "io_uring" and uring_unusable_reason():
+        pytest.skip(f"io_uring engine unavailable: {uring_unusable_reason()}")
+
+
+def _fail_writes(s: NvmeofPageStore, monkeypatch) -> None:
+    """Every data write of `s` fails (EIO), on whichever page path its engine runs."""
+    if s._engine.native_pages:
+        monkeypatch.setattr(s._engine, "write_pages", lambda batch, fd, d, sb, u, plan, c, direct:
+                            (b"\x01" * len(plan), [0] * len(plan), 5))
+    else:
+        monkeypatch.setattr(s, "_run_coalesced", lambda write, ops, on_done=None: [False] * len(ops))
+
+
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_duplicate_key_in_a_batch_is_stored_only_if_its_write_is(tmp_path, monkeypatch, engine):
+    _skip_without(engine)
+    s = open_store(str(tmp_path / "ns.img"), io_engine=engine)
+    _fail_writes(s, monkeypatch)
     res = s.put([key(1), key(1)], [content(1), content(1)])
     assert res.ok == [False, False]
     monkeypatch.undo()
@@ -473,21 +491,24 @@ def test_cli_format_and_inspect(tmp_path, capsys):
     assert "5 used" in out and "node-b on" in out and "(closed cleanly)" in out and "errors: 0" in out
 
 
-def test_close_waits_for_a_running_read_and_refuses_new_calls(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_close_waits_for_a_running_read_and_refuses_new_calls(tmp_path, monkeypatch, engine):
     """SGLang's transfer threads may still be inside get/put when the backend closes the store."""
     import threading
 
-    s = open_store(str(tmp_path / "ns.img"))
+    _skip_without(engine)
+    s = open_store(str(tmp_path / "ns.img"), io_engine=engine)
     assert all(s.put([key(i) for i in range(4)], [content(i) for i in range(4)]).ok)
-    real = s._read_verified
     started = threading.Event()
+    name = "read_pages" if s._engine.native_pages else "run"
+    real = getattr(s._engine, name)
 
-    def slow(items):
+    def slow(*args):
         started.set()
         time.sleep(0.5)
-        return real(items)
+        return real(*args)
 
-    monkeypatch.setattr(s, "_read_verified", slow)
+    monkeypatch.setattr(s._engine, name, slow)
     out, result = [torch.zeros(NUMEL, dtype=torch.int32) for _ in range(4)], {}
     reader = threading.Thread(target=lambda: result.setdefault("ok", s.get([key(i) for i in range(4)], out)))
     reader.start()

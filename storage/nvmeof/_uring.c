@@ -10,24 +10,14 @@
  * One Ring per thread (the Python wrapper keeps them in a threading.local); a Ring is not
  * shared between threads. The completion wait runs without the GIL.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native.h"
+
 #include <errno.h>
-#include <liburing.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
-#define MAX_IOV 1024
-
-typedef struct {
-    PyObject_HEAD
-    struct io_uring ring;
-    unsigned depth;
-    int ready;
-    int busy; /* a run is in progress (a Ring belongs to one thread; this catches misuse) */
-} RingObject;
+#define MAX_IOV RT_MAX_IOV
 
 /* One op of a run: its buffers stay exported until the op completes. */
 typedef struct {
@@ -317,6 +307,8 @@ static PyGetSetDef Ring_getset[] = {
 
 static PyMethodDef Ring_methods[] = {
     {"run", (PyCFunction)Ring_run, METH_VARARGS, Ring_run_doc},
+    {"read_pages", (PyCFunction)rt_ring_read_pages, METH_VARARGS, rt_read_pages_doc},
+    {"write_pages", (PyCFunction)rt_ring_write_pages, METH_VARARGS, rt_write_pages_doc},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "Tear the ring down (idempotent)."},
     {NULL, NULL, 0, NULL},
 };
@@ -334,15 +326,46 @@ static PyTypeObject RingType = {
     .tp_getset = Ring_getset,
 };
 
+static PyObject *mod_crc32c(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"data", "value", NULL};
+    Py_buffer view;
+    unsigned int value = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|I", kwlist, &view, &value)) return NULL;
+    uint32_t c;
+    Py_BEGIN_ALLOW_THREADS
+    c = rt_crc32c(value, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+static PyMethodDef module_methods[] = {
+    {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
+     "crc32c(data, value=0) -> int: the CRC-32C the native page core computes (same as the crc32c package)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef uring_module = {
     PyModuleDef_HEAD_INIT, "_uring",
-    "io_uring vectored I/O over the system liburing; see storage/_uring.c for why it exists.", -1, NULL,
+    "io_uring vectored I/O over the system liburing, and whole verified page batches (_pagebatch.c);\n"
+    "see storage/nvmeof/_uring.c for why it exists.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__uring(void) {
-    if (PyType_Ready(&RingType) < 0) return NULL;
+    rt_crc32c_init();
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RtPageBatchType) < 0) return NULL;
     PyObject *m = PyModule_Create(&uring_module);
     if (m == NULL) return NULL;
+    Py_INCREF(&RtPageBatchType);
+    if (PyModule_AddObject(m, "PageBatch", (PyObject *)&RtPageBatchType) < 0) {
+        Py_DECREF(&RtPageBatchType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "CRC32C_HARDWARE", rt_crc32c_hardware()) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&RingType);
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
         Py_DECREF(&RingType);

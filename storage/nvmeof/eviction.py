@@ -15,7 +15,7 @@ go, see TieredKVCache). Plain-LRU mode ignores the mark: it is the baseline.
 from __future__ import annotations
 
 import itertools
-from typing import Dict, Hashable, Iterator, List, Optional
+from typing import Dict, Hashable, Iterator, List, Optional, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -166,6 +166,11 @@ class EvictionOrder:
             raise RuntimeError(f"unpin of key {key!r} that is not pinned")
         e.pins -= 1
         self._refresh(e)
+
+    def touch_many(self, keys: Sequence[Hashable]) -> None:
+        """touch() each key in turn (a batch of reads, applied when a victim is next chosen)."""
+        for key in keys:
+            self.touch(key)
 
     # -- internals ---------------------------------------------------------------------
     def _live_parent(self, e: _Entry) -> Optional[_Entry]:

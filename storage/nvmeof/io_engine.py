@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
+from radixtier.storage.api import native_buffer
 from radixtier.storage.validate import positive_int
 
 log = logging.getLogger("radixtier.storage.io")
@@ -77,6 +78,7 @@ class ThreadPoolIO:
     """preadv/pwritev on a pool of `queue_depth` threads (each call releases the GIL)."""
 
     name = "threads"
+    native_pages = False  # the store runs its Python page path (per-page verify callbacks) over run()
 
     def __init__(self, queue_depth: int = 16) -> None:
         positive_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
@@ -138,6 +140,7 @@ class UringIO:
     """
 
     name = "io_uring"
+    native_pages = True  # whole page batches run in C: page_batch(), read_pages(), write_pages()
 
     def __init__(self, queue_depth: int = 16) -> None:
         positive_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
@@ -185,6 +188,23 @@ class UringIO:
             if on_done is not None:
                 on_done(i, results[i])
         return results
+
+    def page_batch(self, buffers: Sequence[object], writable: bool):
+        """Export page buffers once for read_pages/write_pages (ValueError names a bad buffer).
+        Tensors travel as (address, nbytes) after a device/contiguity check."""
+        from radixtier.storage.nvmeof import _uring
+
+        return _uring.PageBatch([native_buffer(b) for b in buffers], writable)
+
+    def read_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
+                   coalesce_bytes: int, direct: bool):
+        """(status bytes, first errno): plan items (batch index, key, slot tuple); see _pagebatch.c."""
+        return self._ring().read_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct)
+
+    def write_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
+                    coalesce_bytes: int, direct: bool):
+        """(status bytes, checksums, first errno): plan items (batch index, key, parent, slot, generation)."""
+        return self._ring().write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct)
 
     def close(self) -> None:
         """Close every thread's ring; the store calls this only once no call is running."""

@@ -39,6 +39,9 @@ from radixtier.storage.validate import node_id as validate_node_id
 log = logging.getLogger("radixtier.storage.nvmeof")
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
+_MAX_PENDING_TOUCHES = 1 << 16  # read keys waiting to reach the eviction order (bounded memory)
+_FAILURE = {1: "I/O error", 2: "slot header does not match: torn, stale or another page",
+            3: "payload checksum mismatch: torn or corrupt", 4: "not read: the I/O ring failed"}
 
 
 # Where a held page is: (slot, generation, length, checksum, parent key or None). A plain tuple of
@@ -248,12 +251,15 @@ class NvmeofPageStore:
         self._engine = make_engine(io_engine, queue_depth)
         self.io_engine = self._engine.name
         self.direct = self._t.direct
+        self._native = self._engine.native_pages
+        self._uuid_bytes = bytes.fromhex(sb.uuid)
         self.counters = StoreCounters()
         self._lock = threading.Lock()
         self._table_lock = threading.Lock()
         self._index: Dict[bytes, _Slot] = {}
         self._order = EvictionOrder(eviction)
-        self._readers: Dict[bytes, int] = {}
+        self._readers: Dict[bytes, int] = {}  # pages being read now: never chosen as victims, never dropped
+        self._touched: List[bytes] = []  # pages read since the eviction order last caught up
         self._evicted: List[bytes] = []
         prev = self._lease.previous
         if prev is not None and prev.node_id != self.node_id:
@@ -443,9 +449,19 @@ class NvmeofPageStore:
         if parents is not None and len(parents) != len(keys):
             raise ValueError(f"put: {len(keys)} keys but {len(parents)} parents")
         parent_keys = [None] * len(keys) if parents is None else [None if p is None else _check_key(p) for p in parents]
+        if self._native:
+            batch = self._engine.page_batch(buffers, writable=False)
+            try:
+                return self._put_checked(keys, batch.lengths(), [None] * len(keys), parent_keys, batch)
+            finally:
+                batch.close()
         segs = [_segments(b) for b in buffers]
-        for k, sg in zip(keys, segs):
-            n = sum(s.nbytes for s in sg)
+        return self._put_checked(keys, [sum(s.nbytes for s in sg) for sg in segs], segs, parent_keys, None)
+
+    def _put_checked(self, keys: List[bytes], lengths: List[int], segs: List[Optional[List[memoryview]]],
+                     parent_keys: List[Optional[bytes]], batch) -> PutResult:
+        """put() once the buffers are in hand: `segs` for the Python path, `batch` for the native one."""
+        for k, n in zip(keys, lengths):
             if n > self.page_bytes or n == 0:
                 raise ValueError(f"put: page {k.hex()} has {n} bytes; this namespace holds pages of "
                                  f"at most {self.page_bytes} bytes")
@@ -473,7 +489,10 @@ class NvmeofPageStore:
                 plan.append((i, key, parent_keys[i], slot, segs[i]))
         if plan:
             try:
-                self._write_planned(plan, ok)
+                if batch is not None:
+                    self._write_planned_native(batch, lengths, plan, ok)
+                else:
+                    self._write_planned(plan, ok)
             except BaseException:
                 with self._lock:  # slots of pages that did not become visible go back
                     self._free.extend(slot for _i, key, _p, slot, _sg in plan
@@ -514,6 +533,10 @@ class NvmeofPageStore:
         results = self._run_coalesced(True, ops)
         if self.sync:
             os.fdatasync(self._t.fd)
+        self._commit_written(plan, entries, results, ok)
+
+    def _commit_written(self, plan: list, entries: List[TableEntry], results: List[bool], ok: List[bool]) -> None:
+        """Written pages become visible: table entries, made durable, then the in-memory index."""
         blocks = []
         with self._lock:
             for j, (i, key, parent, slot, _sg) in enumerate(plan):
@@ -541,6 +564,28 @@ class NvmeofPageStore:
                 else:
                     self._free.append(slot)
 
+    def _write_planned_native(self, batch, lengths: List[int],
+                              plan: List[Tuple[int, bytes, Optional[bytes], int, None]], ok: List[bool]) -> None:
+        """_write_planned on the native core: checksums, headers and the writes run in C (GIL
+        released); then durability, table entries and the index, in the same order."""
+        gens = self._generations(len(plan))
+        if self.fenced:
+            self.counters.fenced_writes += len(plan)
+            raise OSError(self.fenced)
+        status, sums, err = self._engine.write_pages(
+            batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes, self._uuid_bytes,
+            [(i, key, parent, slot, gens[j]) for j, (i, key, parent, slot, _sg) in enumerate(plan)],
+            self.coalesce_bytes, self.direct)
+        if any(status):
+            self.counters.io_errors += 1
+            log.error("radixtier: %s: write of %d page(s) failed: %s", self.path, sum(1 for x in status if x),
+                      os.strerror(err or 5))
+        if self.sync:
+            os.fdatasync(self._t.fd)
+        entries = [TableEntry(key, parent, gens[j], lengths[i], sums[j])
+                   for j, (i, key, parent, _slot, _sg) in enumerate(plan)]
+        self._commit_written(plan, entries, [st == 0 for st in status], ok)
+
     def _generations(self, n: int) -> List[int]:
         with self._lock:
             g = self._next_gen
@@ -551,14 +596,32 @@ class NvmeofPageStore:
         """A free slot, or the slot of the next leaves-first LRU victim (called under the lock)."""
         if self._free:
             return self._free.pop()
+        self._apply_touches()
         victim = self._order.peek_victim()
-        if victim is None:
+        for _ in range(len(self._readers)):  # a page being read is not taken: the next in line goes
+            if victim is None or victim not in self._readers:
+                break
+            self._order.touch(victim)
+            victim = self._order.peek_victim()
+        if victim is None or victim in self._readers:
             return None
         s = self._drop(victim)
         evicted.append(victim)
         self._evicted.append(victim)
         self.counters.evictions += 1
         return s[SLOT]
+
+    def _note_reads(self, keys: List[bytes]) -> None:
+        """Reads count as recent use, applied to the eviction order lazily (under the lock): the
+        order is only consulted when a victim is chosen, so the read path only appends keys."""
+        self._touched.extend(keys)
+        if len(self._touched) > _MAX_PENDING_TOUCHES:
+            self._apply_touches()
+
+    def _apply_touches(self) -> None:
+        if self._touched:
+            self._order.touch_many(self._touched)
+            self._touched.clear()
 
     def _drop(self, key: bytes) -> _Slot:
         s = self._index.pop(key)
@@ -594,9 +657,11 @@ class NvmeofPageStore:
             return self._get(keys, buffers)
 
     def _get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
-        keys = [_check_key(k) for k in keys]
+        keys = [k if type(k) is bytes and len(k) == KEY_BYTES else _check_key(k) for k in keys]
         if len(buffers) != len(keys):
             raise ValueError(f"get: {len(keys)} keys but {len(buffers)} buffers")
+        if self._native:
+            return self._get_native(keys, buffers)
         segs = [_segments(b, writable=True) for b in buffers]
         ok = [False] * len(keys)
         plan = []
@@ -612,9 +677,8 @@ class NvmeofPageStore:
                     self.counters.misses += 1
                     continue
                 self._readers[key] = self._readers.get(key, 0) + 1
-                self._order.pin(key)
-                self._order.touch(key)
                 plan.append((i, key, s))
+            self._note_reads([key for _i, key, _s in plan])
         good = [False] * len(plan)
         try:
             good = self._read_verified([(s[SLOT], key, s[GEN], s[LENGTH], s[CSUM], segs[i])
@@ -625,7 +689,6 @@ class NvmeofPageStore:
                     self._readers[key] -= 1
                     if not self._readers[key]:
                         del self._readers[key]
-                    self._order.unpin(key)
         blocks = []
         with self._lock:
             for (i, key, s), g in zip(plan, good):
@@ -644,6 +707,78 @@ class NvmeofPageStore:
             self._flush_table_logged(blocks)
         return ok
 
+    def _get_native(self, keys: List[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
+        """get() on the native core: one export of every buffer, then the whole batch (plan, I/O,
+        header and CRC proof per page) in C with the GIL released; Python does only the index."""
+        batch = self._engine.page_batch(buffers, writable=True)
+        try:
+            lengths = batch.lengths()
+            with self._lock:
+                get = self._index.get
+                plan = [(i, key, s) for i, (key, s) in enumerate(zip(keys, map(get, keys))) if s is not None]
+                for i, key, s in plan:  # every size checked before any page is pinned
+                    if lengths[i] != s[LENGTH]:
+                        raise ValueError(f"get: buffer for page {key.hex()} has {lengths[i]} bytes, the stored "
+                                         f"page has {s[LENGTH]}")
+                self.counters.misses += len(keys) - len(plan)
+                pinned = [key for _i, key, _s in plan]
+                readers = self._readers
+                for key in pinned:
+                    readers[key] = readers.get(key, 0) + 1
+                self._note_reads(pinned)
+            status, err = b"\x04" * len(plan), 0
+            try:
+                status, err = self._engine.read_pages(batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes,
+                                                      self._uuid_bytes, plan, self.coalesce_bytes, self.direct)
+            finally:
+                with self._lock:
+                    for key in pinned:
+                        n = readers[key] - 1
+                        if n:
+                            readers[key] = n
+                        else:
+                            del readers[key]
+        finally:
+            batch.close()
+        ok = [False] * len(keys)
+        if status.count(0) == len(plan):  # the usual case: every page proven
+            for i, _key, _s in plan:
+                ok[i] = True
+            self.counters.reads += len(plan)
+            self.counters.read_bytes += sum(lengths[i] for i, _key, _s in plan)
+            return ok
+        bad = []
+        for j, st in enumerate(status):
+            if st == 0:
+                ok[plan[j][0]] = True
+                self.counters.reads += 1
+                self.counters.read_bytes += plan[j][2][LENGTH]
+            else:
+                bad.append(j)
+        if any(status[j] in (1, 4) for j in bad):
+            self.counters.io_errors += 1
+            log.error("radixtier: %s: read of %d page(s) failed: %s", self.path, len(bad), os.strerror(err or 5))
+        self._drop_unproven([plan[j] for j in bad], [status[j] for j in bad])
+        return ok
+
+    def _drop_unproven(self, failed: List[Tuple[int, bytes, _Slot]], why: Sequence[int]) -> None:
+        """Pages a read could not prove: counted, logged, and their slots freed (never read again)."""
+        blocks = []
+        with self._lock:
+            for (_i, key, s), st in zip(failed, why):
+                self.counters.corrupt += 1
+                log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
+                            self.path, s[SLOT], key.hex(), _FAILURE.get(st, "torn, stale or corrupt"))
+                cur = self._index.get(key)
+                if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] and not self._readers.get(key):
+                    self._drop(key)
+                    self._set_entry(s[SLOT], None)
+                    self._free.append(s[SLOT])
+                    self._evicted.append(key)
+                    blocks.append(self._entry_block(s[SLOT]))
+        if blocks:
+            self._flush_table_logged(blocks)
+
     def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
         """Read a page any node wrote in this namespace, by (slot, generation), verified."""
         with self._gate.call(self.path):
@@ -655,6 +790,8 @@ class NvmeofPageStore:
         if location.length > self.page_bytes:
             return False
         key = _check_key(key)
+        if self._native:
+            return self._read_location_native(location, key, buffer)
         segs = _segments(buffer, writable=True)
         if sum(s.nbytes for s in segs) != location.length:  # a record from another layout, or a bad one
             log.warning("radixtier: record for page %s says %d bytes, the buffer has %d; treated as a miss",
@@ -662,6 +799,31 @@ class NvmeofPageStore:
             return False
         return self._read_verified([(location.slot, bytes(key), location.generation, location.length,
                                      location.checksum, segs)])[0]
+
+    def _read_location_native(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
+        batch = self._engine.page_batch([buffer], writable=True)
+        try:
+            n = batch.lengths()[0]
+            if n != location.length:  # a record from another layout, or a bad one
+                log.warning("radixtier: record for page %s says %d bytes, the buffer has %d; treated as a miss",
+                            key.hex(), location.length, n)
+                return False
+            status, err = self._engine.read_pages(
+                batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes, self._uuid_bytes,
+                [(0, key, (location.slot, location.generation, location.length, location.checksum))],
+                self.coalesce_bytes, self.direct)
+        finally:
+            batch.close()
+        if status[0] == 0:
+            self.counters.reads += 1
+            self.counters.read_bytes += location.length
+            return True
+        if status[0] in (1, 4):
+            self.counters.io_errors += 1
+        self.counters.corrupt += 1
+        log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
+                    self.path, location.slot, key.hex(), _FAILURE.get(status[0], "torn, stale or corrupt"))
+        return False
 
     def _read_verified(self, items) -> List[bool]:
         """items: (slot, key, generation, length, checksum, segments)."""

@@ -1,0 +1,34 @@
+/* Shared declarations of radixtier's native storage core (one extension, three sources):
+ *   _uring.c      the Ring object: io_uring vectored I/O for a list of ops (the general engine)
+ *   _pagebatch.c  PageBatch and Ring.read_pages / Ring.write_pages: whole verified page batches
+ *   _crc32c.c     CRC-32C, hardware where the CPU has it */
+#ifndef RADIXTIER_NATIVE_H
+#define RADIXTIER_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <liburing.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_MAX_IOV 1024
+
+typedef struct {
+    PyObject_HEAD
+    struct io_uring ring;
+    unsigned depth;
+    int ready;
+    int busy; /* a run is in progress (a Ring belongs to one thread; this catches misuse) */
+} RingObject;
+
+void rt_crc32c_init(void);
+int rt_crc32c_hardware(void);
+uint32_t rt_crc32c(uint32_t crc, const void *buf, size_t len);
+
+extern PyTypeObject RtPageBatchType;
+PyObject *rt_ring_read_pages(RingObject *self, PyObject *args);
+PyObject *rt_ring_write_pages(RingObject *self, PyObject *args);
+extern const char rt_read_pages_doc[];
+extern const char rt_write_pages_doc[];
+
+#endif

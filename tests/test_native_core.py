@@ -1,0 +1,150 @@
+"""The native page core (storage/nvmeof/_pagebatch.c, _crc32c.c): the io_uring engine's get/put.
+
+It must be the same store as the Python path, only faster: the same CRC-32C, the same on-device
+bytes (a namespace written by one path reads back on the other), the same proof of every page,
+and the same rules for pages being read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import crc32c
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixtier.storage.nvmeof.io_engine import uring_unusable_reason
+from radixtier.storage.nvmeof.layout import BLOCK
+from radixtier.storage.nvmeof.store import NvmeofPageStore
+
+pytestmark = pytest.mark.skipif(bool(uring_unusable_reason()), reason=f"io_uring engine unavailable: "
+                                f"{uring_unusable_reason()}")
+
+PAGE = 3 * BLOCK
+
+
+def key(i: int) -> bytes:
+    return hashlib.blake2b(f"n{i}".encode(), digest_size=16).digest()
+
+
+def content(i: int, nbytes: int = PAGE) -> torch.Tensor:
+    g = torch.Generator().manual_seed(i)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=0, max_size=70_000), value=st.integers(0, 2**32 - 1), skip=st.integers(0, 7))
+def test_crc32c_matches_the_crc32c_package(data, value, skip):
+    from radixtier.storage.nvmeof import _uring
+
+    view = memoryview(data)[skip:]  # every alignment of the start
+    assert _uring.crc32c(view, value) == crc32c.crc32c(bytes(view), value=value)
+
+
+def test_crc32c_over_the_interleaved_block_sizes():
+    """Lengths around the 3 x 256 B and 3 x 8 KiB interleaved blocks, where the streams are combined."""
+    from radixtier.storage.nvmeof import _uring
+
+    blob = bytes(content(7, 3 * 8192 * 2 + 99).tolist())
+    for n in (0, 1, 767, 768, 769, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 1, 3 * 8192 + 768, len(blob)):
+        assert _uring.crc32c(blob[:n]) == crc32c.crc32c(blob[:n]), n
+
+
+@pytest.mark.parametrize("writer,reader", [("threads", "io_uring"), ("io_uring", "threads")])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_namespace_written_by_one_path_reads_back_on_the_other(tmp_path, writer, reader, direct):
+    path = str(tmp_path / "ns.img")
+    n = 12
+    pages = [content(i) for i in range(n)]
+    s = NvmeofPageStore(path, PAGE, create_bytes=4 << 20, io_engine=writer, direct=direct)
+    assert s.io_engine == writer
+    parents = [None] + [key(i) for i in range(n - 1)]
+    assert all(s.put([key(i) for i in range(n)], pages, parents).ok)
+    locs = [s.location(key(i)) for i in range(n)]
+    s.close()
+    s = NvmeofPageStore(path, PAGE, io_engine=reader, direct=direct, verify="full")
+    assert s.recovery["dropped"] == 0  # every slot header and payload proved
+    out = [torch.zeros(PAGE, dtype=torch.uint8) for _ in range(n)]
+    assert s.get([key(i) for i in range(n)], out) == [True] * n
+    assert all(torch.equal(a, b) for a, b in zip(out, pages))
+    one = torch.zeros(PAGE, dtype=torch.uint8)
+    assert s.read_location(locs[5], key(5), one) and torch.equal(one, pages[5])
+    assert [s.location(key(i)).checksum for i in range(n)] == [loc.checksum for loc in locs]
+    s.close()
+
+
+def test_every_buffer_shape_round_trips(tmp_path):
+    """Aligned tensors (read in place), unaligned ones (bounced), K/V segment lists, raw
+    (address, nbytes) pairs, bytearrays and pages shorter than a block."""
+    s = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=4 << 20, io_engine="io_uring")
+    short = content(50, 1000)
+    k, v = content(51, PAGE // 2), content(52, PAGE // 2)
+    raw_src = content(53)
+    pages = {key(1): content(1), key(2): content(2)[:]}
+    assert all(s.put([key(1), key(2), key(3), key(4), key(5)],
+                     [pages[key(1)], bytearray(pages[key(2)].numpy().tobytes()), short, [k, v],
+                      (raw_src.data_ptr(), PAGE)]).ok)
+    unaligned = torch.zeros(PAGE + 1, dtype=torch.uint8)[1:]
+    seg_out = [torch.zeros(PAGE // 2, dtype=torch.uint8), torch.zeros(PAGE // 2, dtype=torch.uint8)]
+    raw_out = torch.zeros(PAGE, dtype=torch.uint8)
+    short_out = bytearray(1000)
+    plain = torch.zeros(PAGE, dtype=torch.uint8)
+    assert s.get([key(1), key(2), key(3), key(4), key(5)],
+                 [unaligned, plain, short_out, seg_out, (raw_out.data_ptr(), PAGE)]) == [True] * 5
+    assert torch.equal(unaligned, pages[key(1)]) and torch.equal(plain, pages[key(2)])
+    assert bytes(short_out) == bytes(short.numpy().tobytes())
+    assert torch.equal(seg_out[0], k) and torch.equal(seg_out[1], v) and torch.equal(raw_out, raw_src)
+    with pytest.raises(ValueError, match="read-only"):
+        s.get([key(1)], [bytes(PAGE)])
+    with pytest.raises(ValueError, match="has 10 bytes, the stored page has"):
+        s.get([key(1)], [bytearray(10)])
+    assert s.delete([key(1)]) == 1  # no page was left marked as being read
+    s.close()
+
+
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_a_page_being_read_is_never_the_victim(tmp_path, monkeypatch, engine):
+    """While a read is in flight, a full store evicts other pages; the one being read stays."""
+    cap = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=4 << 20, io_engine=engine)
+    slots = cap.num_free
+    keys = [key(i) for i in range(slots)]
+    assert all(cap.put(keys, [content(i % 7) for i in range(slots)]).ok)
+    reading = keys[0]  # the least recently used page: the first victim, were it not being read
+    name = "read_pages" if cap._engine.native_pages else "run"
+    real = getattr(cap._engine, name)
+    inside, release = threading.Event(), threading.Event()
+
+    def held(*args):
+        inside.set()
+        assert release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(cap._engine, name, held)
+    out = torch.zeros(PAGE, dtype=torch.uint8)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("ok", cap.get([reading], [out])))
+    t.start()
+    assert inside.wait(10)
+    monkeypatch.setattr(cap._engine, name, real)
+    new = [key(10_000 + i) for i in range(4)]
+    res = cap.put(new, [content(i) for i in range(4)])
+    assert all(res.ok) and reading not in res.evicted and len(res.evicted) == 4
+    release.set()
+    t.join(10)
+    assert result["ok"] == [True] and torch.equal(out, content(0))
+    cap.close()
+
+
+def test_reads_count_as_use_for_eviction(tmp_path):
+    """Reads reach the eviction order lazily, but before any victim is chosen."""
+    s = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=4 << 20, io_engine="io_uring")
+    slots = s.num_free
+    keys = [key(i) for i in range(slots)]
+    assert all(s.put(keys, [content(1)] * slots).ok)
+    assert s.get([keys[0]], [torch.zeros(PAGE, dtype=torch.uint8)]) == [True]
+    res = s.put([key(99_999)], [content(2)])
+    assert res.evicted == [keys[1]]  # keys[0] was read after keys[1] was written
+    s.close()
