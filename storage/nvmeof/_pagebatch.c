@@ -251,6 +251,7 @@ typedef struct {
     long long data_offset;
     long long slot_bytes;
     size_t coalesce;
+    unsigned depth;
     unsigned char uuid[16];
     Item *items;
     Py_ssize_t n;
@@ -346,6 +347,12 @@ static int plan_ops(Batch *b) {
     b->iov = malloc(sizeof(struct iovec) * (niov ? niov : 1));
     b->ops = malloc(sizeof(BatchOp) * (size_t)(b->n ? b->n : 1));
     if (b->iov == NULL || b->ops == NULL) return -1;
+    /* Merged I/Os stay small enough that a batch still fills the queue: with fewer ops than the
+     * ring's depth a small batch would run at queue depth 1 (coalesce_bytes is only the cap). */
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < b->n; i++) total += BLK + align_up(items[i].length);
+    size_t share = total / (b->depth ? b->depth : 1);
+    if (share < b->coalesce) b->coalesce = share;
     struct iovec *v = b->iov;
     b->nops = 0;
     for (Py_ssize_t i = 0; i < b->n; i++) {
@@ -654,6 +661,7 @@ static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
     }
     memcpy(b.uuid, uuid, 16);
     b.coalesce = (size_t)coalesce;
+    b.depth = self->depth;
     if (batch_setup(&b, pb, plan, write) < 0) {
         batch_free(&b);
         return NULL;
