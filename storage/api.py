@@ -33,6 +33,11 @@ class PageLocation:
     checksum: int
 
 
+# A PageLocation's fields as a plain tuple (namespace, slot, generation, length, checksum): what bulk
+# lookups return, so a 512-page answer builds no per-page objects until a page is actually read.
+LocationTuple = Tuple[str, int, int, int, int]
+
+
 @dataclass
 class PutResult:
     ok: List[bool]
@@ -107,6 +112,11 @@ class PrefixIndex(Protocol):
                exclude_self: bool = True) -> List[List[PageRecord]]:
         """Records of the leading run of `keys` (one chain) held by other live nodes. root=None:
         the caller does not know the chain's first page; the index finds it from keys[0]."""
+
+    def lookup_locations(self, root: Optional[bytes], keys: Sequence[bytes],
+                         namespace: str) -> List[LocationTuple]:
+        """Per page of the leading run of `keys` that another live node holds in tier 3 of
+        `namespace`: (namespace, slot, generation, length, checksum) -- lookup()'s fast path."""
 
     def set_republisher(self, fn: Republisher) -> None:
         """What to publish again after a restart or an outage (the index calls it when it must)."""

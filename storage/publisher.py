@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.api import STORAGE_TIER, PageRecord, PageStore, PrefixIndex
+from radixtier.storage.api import STORAGE_TIER, LocationTuple, PageRecord, PageStore, PrefixIndex
 
 log = logging.getLogger("radixtier.storage.publisher")
 
@@ -104,6 +104,17 @@ class Publisher:
                 break
             out.append(rec)
         return out
+
+    def remote_locations(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[LocationTuple]:
+        """remote_run's fast path: (namespace, slot, generation, length, checksum) per page of the
+        leading run, decoded in bulk by the index (the SGLang backend's batch_exists and reads)."""
+        if self.index is None or not keys:
+            return []
+        try:
+            return self.index.lookup_locations(root, keys, self.store.uuid)
+        except Exception as exc:  # the index must never break serving
+            log.warning("radixtier: prefix index lookup failed, serving from local pages: %s", exc)
+            return []
 
     def flush(self, timeout: float = 10.0) -> bool:
         return True if self.index is None else self.index.flush(timeout)

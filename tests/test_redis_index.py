@@ -13,6 +13,8 @@ import time
 
 import pytest
 import redis
+
+from radixtier.storage.index.records import encode_record
 import torch
 
 from radixtier.cache import CacheConfig, TieredKVCache
@@ -66,8 +68,8 @@ def test_chain_lookup_returns_leading_run_in_one_round_trip(redis_server):
     assert len(a.lookup(keys[0], keys, exclude_self=False)) == 6
     # all keys of one chain share one cluster hash slot
     raw = redis.Redis.from_url(redis_server.url)
-    names = [n.decode() for n in raw.keys("radixtier:test:{*}:p:*")]
-    assert len(names) == 9 and len({n[n.index("{"):n.index("}") + 1] for n in names}) == 1
+    names = [n.decode() for n in raw.keys(f"radixtier:test:{{{keys[0].hex()}}}:*")]
+    assert sorted(n.split("}:", 1)[1] for n in names) == ["c:node-a", "h", "r"]  # A's log, the holders, page 0's root pointer
     from redis.crc import key_slot
 
     assert len({key_slot(n.encode()) for n in names}) == 1
@@ -79,23 +81,29 @@ def test_chain_lookup_returns_leading_run_in_one_round_trip(redis_server):
 
 
 def test_malformed_records_are_rejected(redis_server):
+    """Log entries that do not make sense (version, tier, generation, length) are rejected by the
+    client and counted, never used; a log cut mid-entry loses only the partial entry."""
+    import struct
+
     a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
     keys = [k(i) for i in range(3)]
     a.publish(keys[0], keys, [rec("node-a", i) for i in range(3)])
     assert a.flush()
+    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 3)
     raw = redis.Redis.from_url(redis_server.url)
-    page1 = f"radixtier:test:{{{keys[0].hex()}}}:p:{keys[1].hex()}"
-    raw.hset(page1, "node-a", b"\xc1 not msgpack")
-    assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 1)
-    assert b.counters["rejected_records"] >= 1
-    import msgpack
-
-    bad = {"v": 1, "node": "node-a", "tier": "storage", "ns": "zz" * 16, "slot": 1, "gen": 1, "len": 1, "crc": 1}
-    raw.hset(page1, "node-a", msgpack.packb(bad))
-    assert len(b.lookup(keys[0], keys)) == 1
-    forged = dict(bad, ns=NS_UUID, node="node-c")  # filed under node-a but claims node-c
-    raw.hset(page1, "node-a", msgpack.packb(forged))
-    assert len(b.lookup(keys[0], keys)) == 1
+    log_key = a._log_key(keys[0], "node-a")
+    good = [encode_record(rec("node-a", i)) for i in range(3)]
+    for bad in (b"\x09" + good[1][1:],  # unknown version
+                good[1][:1] + b"\x07" + good[1][2:],  # unknown tier
+                good[1][:28] + struct.pack("<Q", 0) + good[1][36:],  # generation 0
+                good[1][:36] + struct.pack("<I", 0) + good[1][40:]):  # length 0
+        before = b.counters["rejected_records"]
+        raw.set(log_key, keys[0] + good[0] + keys[1] + bad + keys[2] + good[2])
+        assert len(b.lookup(keys[0], keys)) == 1  # the run stops at the bad page
+        assert len(b.lookup_locations(keys[0], keys, NS_UUID)) == 1
+        assert b.counters["rejected_records"] > before
+    raw.set(log_key, b"".join(key + g for key, g in zip(keys, good)) + b"\xc1 cut")
+    assert len(b.lookup(keys[0], keys)) == 3
     a.close(), b.close()
 
 
@@ -109,7 +117,7 @@ def test_dead_node_records_stop_being_served_and_are_collected(redis_server):
     a._worker.join()
     assert wait_for(lambda: b.lookup(keys[0], keys) == [], timeout=5)
     raw = redis.Redis.from_url(redis_server.url)
-    assert wait_for(lambda: not raw.keys("radixtier:test:{*}:p:*"), timeout=5)  # garbage-collected by B
+    assert wait_for(lambda: not raw.keys("radixtier:test:{*}:c:*"), timeout=5)  # garbage-collected by B
     assert b.counters["gc_removed"] == 4
     b.close()
 
@@ -311,8 +319,7 @@ def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path
         assert sum(1 for n in per_shard if n > 0) >= 2, per_shard  # chains spread over shards
         c = index(url, "node-c", cluster=True, lookup_timeout_s=0.1)
         ch = chains[0]
-        shard = next(s for s in servers if redis.Redis(port=s.port).exists(
-            f"radixtier:test:{{{ch[0].hex()}}}:p:{ch[0].hex()}"))
+        shard = next(s for s in servers if redis.Redis(port=s.port).keys(f"radixtier:test:{{{ch[0].hex()}}}:h"))
         assert wait_for(lambda: len(c.lookup(ch[0], ch)) == 8)
         with shard.paused():  # one shard stalls: redis-py's own retries (each a timeout) must not run
             t = time.monotonic()
@@ -352,15 +359,17 @@ def _raw_keys(url: str, node: str) -> tuple:
 
 
 def test_publish_then_unpublish_in_one_batch_leaves_nothing(redis_server):
-    a = index(redis_server.url, "node-a")
+    a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
     key = k(500)
     a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,))])  # one drained batch
     raw, owned = _raw_keys(redis_server.url, "node-a")
-    assert not raw.exists(f"radixtier:test:{{{key.hex()}}}:p:{key.hex()}")
+    assert not raw.exists(a._log_key(key, "node-a"))  # compacted away: nothing published remains
+    assert not raw.sismember(a._holders_key(key), "node-a")
     assert raw.hlen(owned) == 0
     a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,)), ("pub", (key, key, rec("node-a", 2)))])
-    assert raw.hget(f"radixtier:test:{{{key.hex()}}}:p:{key.hex()}", "node-a") is not None
+    assert [r[0].location.slot for r in b.lookup(key, [key])] == [2]
     assert raw.hget(owned, key.hex()) == key.hex().encode()
+    b.close()
     a.close()
 
 

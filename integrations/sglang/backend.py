@@ -29,7 +29,7 @@ from radixtier.integrations.sglang.attach import index_node_id, open_index, open
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
 from radixtier.integrations.sglang.keys import (KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true,
                                                 split_segments)
-from radixtier.storage.api import PageLocation, PageRecord
+from radixtier.storage.api import LocationTuple, PageLocation
 from radixtier.storage.publisher import Publisher
 
 log = logging.getLogger("radixtier.sglang")
@@ -348,23 +348,23 @@ class RadixTierStorage(HiCacheStorage):
         self._stats.add(exists_calls=1)
         return local + len(remote)
 
-    def _remote_run(self, chain: Chain, start: int) -> List[PageRecord]:
+    def _remote_run(self, chain: Chain, start: int) -> List[LocationTuple]:
         """Leading pages from `start` that other live nodes hold in our namespace (remembered for the read)."""
-        return self._remote_records(chain.root, chain.keys[start:])
+        return self._remote_locations(chain.root, chain.keys[start:])
 
-    def _remote_records(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[PageRecord]:
-        """Records for the leading run of `keys` that other live nodes hold in our namespace."""
+    def _remote_locations(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[LocationTuple]:
+        """Locations for the leading run of `keys` that other live nodes hold in our namespace."""
         publisher = self._publisher
         if publisher is None or not keys:
             return []
-        out = publisher.remote_run(root, keys)
+        out = publisher.remote_locations(root, keys)
         with self._hints_lock:
-            for key, rec in zip(keys, out):
-                loc = rec.location
-                self._hints[key] = (loc.namespace, loc.slot, loc.generation, loc.length, loc.checksum)
-                self._hints.move_to_end(key)
-            while len(self._hints) > _HINTS:
-                self._hints.popitem(last=False)
+            hints = self._hints
+            for key, loc in zip(keys, out):
+                hints[key] = loc
+                hints.move_to_end(key)
+            while len(hints) > _HINTS:
+                hints.popitem(last=False)
         return out
 
     def _sidecar_have(self, chain: Chain, from_end: bool) -> List[bool]:
@@ -376,7 +376,7 @@ class RadixTierStorage(HiCacheStorage):
         missing = [i for i, h in enumerate(have) if not h]
         if from_end:
             missing.reverse()
-        for i, _rec in zip(missing, self._remote_records(chain.root, [chain.keys[i] for i in missing])):
+        for i, _loc in zip(missing, self._remote_locations(chain.root, [chain.keys[i] for i in missing])):
             have[i] = True
         return have
 
@@ -393,8 +393,8 @@ class RadixTierStorage(HiCacheStorage):
                 hints = {i: self._hints.get(chain.keys[i]) for i in missing}
             locs = {i: PageLocation(*h) for i, h in hints.items() if h is not None}
             if len(locs) < len(missing):  # not seen by batch_exists: ask the index now
-                for j, rec in enumerate(self._remote_run(chain, first)):
-                    locs.setdefault(first + j, rec.location)
+                for j, loc in enumerate(self._remote_run(chain, first)):
+                    locs.setdefault(first + j, PageLocation(*loc))
             for i in missing:
                 loc = locs.get(i)
                 if loc is not None:

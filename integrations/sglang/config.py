@@ -32,7 +32,7 @@ REDIS_KEYS = {
     "lookup_timeout_s": "lookup_timeout_s", "connect_timeout_s": "connect_timeout_s",
     "heartbeat_s": "heartbeat_s", "node_ttl_s": "node_ttl_s", "ssl_ca_certs": "ssl_ca_certs",
     "ssl_certfile": "ssl_certfile", "ssl_keyfile": "ssl_keyfile", "ssl_cert_reqs": "ssl_cert_reqs",
-    "lookup_max_holders": "lookup_max_holders", "record_max_bytes": "record_max_bytes",
+    "lookup_max_holders": "lookup_max_holders",
 }
 _FIELD_KEY = {f: k for k, f in REDIS_KEYS.items()}
 NODE_ID_BASE_BYTES = validate.NODE_ID_MAX_BYTES - 8  # room for the ".r<rank>" suffix of multi-rank nodes

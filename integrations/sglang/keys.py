@@ -120,9 +120,17 @@ class KeyMapper:
         self.rank = rank
 
     def store_key(self, key: str, fmt: PoolFormat, interface: str) -> bytes:
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"key: expected a non-empty page hash string, got {key!r}")
-        return _digest(f"{key}{self.rank.suffix(fmt.pool)}|{fmt.tag(interface)}")
+        return self.store_keys([key], fmt, interface)[0]
+
+    def store_keys(self, keys: Sequence[str], fmt: PoolFormat, interface: str) -> List[bytes]:
+        """store_key of each key; the rank/format tail is built once per call, not per page."""
+        tail = f"{self.rank.suffix(fmt.pool)}|{fmt.tag(interface)}".encode()
+        out = []
+        for key in keys:
+            if type(key) is not str or not key:
+                raise ValueError(f"key: expected a non-empty page hash string, got {key!r}")
+            out.append(page_key(key.encode() + tail))
+        return out
 
     def chain(self, keys: Sequence[str], prefix_keys: Optional[Sequence[str]], fmt: PoolFormat,
               interface: str, continues: bool = True, for_read: bool = False) -> Chain:
@@ -136,7 +144,7 @@ class KeyMapper:
         first page gets no parent, but the chain keeps the sequence's root so that the index
         groups (and other nodes find) its records under the same root as batch_exists_v2 asks.
         """
-        skeys = [self.store_key(k, fmt, interface) for k in keys]
+        skeys = self.store_keys(keys, fmt, interface)
         root: Optional[bytes]
         if prefix_keys:
             first_parent: Optional[bytes] = self.store_key(prefix_keys[-1], fmt, interface) if continues else None

@@ -6,7 +6,7 @@ import threading
 from typing import Dict, List, Optional, Sequence
 
 from radixtier.storage import validate
-from radixtier.storage.api import PageRecord, Republisher
+from radixtier.storage.api import STORAGE_TIER, LocationTuple, PageRecord, Republisher
 
 
 class InProcessRegistry:
@@ -54,6 +54,16 @@ class InProcessIndex:
                 if not recs:
                     break
                 out.append(recs)
+        return out
+
+    def lookup_locations(self, root: Optional[bytes], keys: Sequence[bytes],
+                         namespace: str) -> List[LocationTuple]:
+        out: List[LocationTuple] = []
+        for recs in self.lookup(root, keys):
+            loc = next((r.location for r in recs if r.tier == STORAGE_TIER and r.location.namespace == namespace), None)
+            if loc is None:
+                break
+            out.append((loc.namespace, loc.slot, loc.generation, loc.length, loc.checksum))
         return out
 
     def set_republisher(self, fn: Republisher) -> None:

@@ -1,16 +1,21 @@
 """RedisPrefixIndex: which page hashes exist anywhere in the fleet, and where.
 
-Key layout (prefix = "<key_prefix>:<namespace>"):
+Key layout (prefix = "<key_prefix>:<namespace>"; root = the chain's page 0):
 
-    <prefix>:{<root>}:p:<page>    HASH node_id -> msgpack record   (one per page; root = the chain's page 0)
+    <prefix>:{<root>}:c:<node_id> STRING the node's log for the chain: 64-byte entries (page key +
+                                  48-byte record; a record of zeros unpublishes), appended on publish,
+                                  compacted by its owner; the latest entry of a page wins
+    <prefix>:{<root>}:h           SET of nodes with a log for the chain
     <prefix>:{<page>}:r           STRING the page's root (for lookups that do not know where the chain starts)
     <prefix>:{nodes}:n:<node_id>  STRING with TTL: the node's heartbeat (absent = dead)
     <prefix>:{nodes}:all          SET of node ids ever seen (for garbage collection)
     <prefix>:{nodes}:gc           STRING NX lock: one collector at a time
     <prefix>:{o:<node_id>}        HASH page -> root: what the node published (for unpublish and GC)
 
-The hash tag on the chain root puts a whole chain in one Redis Cluster slot, so a lookup of a
-chain is one EVALSHA (one round trip) while chains spread over shards.
+Why logs per chain and not a hash per page: a lookup then reads O(holders) keys, not O(pages) --
+a 512-page chain is one EVALSHA touching a handful of keys, decoded in bulk (a hash per page cost
+two server calls per page, ~1 ms of Lua for 512 pages, before any decoding). The hash tag on the
+chain root puts a whole chain in one Redis Cluster slot, while chains spread over shards.
 
 Serving never waits on Redis for writes (they go through a background queue) and waits at most
 `lookup_timeout_s` for a lookup; while Redis is down, lookups answer "nothing remote" at once,
@@ -35,42 +40,45 @@ from urllib.parse import parse_qs, urlparse
 
 from radixtier.storage import validate
 from radixtier.storage.api import PageRecord, Republisher
-from radixtier.storage.index.records import RecordError, decode_record, encode_record
+from radixtier.storage.api import LocationTuple
+from radixtier.storage.index.records import ENTRY_BYTES, TOMBSTONE, ChainLogs, RecordError, encode_record, live_entries
 
 log = logging.getLogger("radixtier.storage.redis")
 
-# Bounded per page: at most ARGV[1] holders (a random sample when more hold it), values of at most
-# ARGV[2] bytes and node ids of at most 128 (larger ones are skipped on the server, never sent),
-# the caller's own record (ARGV[3]) left out. One hostile or oversized chain therefore costs a
-# lookup O(pages x cap) work and reply bytes, never a timeout that would switch lookups off.
+# One round trip: the chain's holders (all when at most ARGV[1] + 1, else a random sample), the
+# caller (ARGV[3]) and overlong node ids left out, and of at most ARGV[1] of them the first ARGV[2]
+# bytes of their log (GETRANGE: bounded whatever is stored). Reply: {node, log, node, log, ...}.
+# The logs sit in the same slot as KEYS[1] (the chain root is their hash tag); ARGV[4] is their
+# name without the node id.
 _LOOKUP_LUA = """
 local cap = tonumber(ARGV[1])
-local maxlen = tonumber(ARGV[2])
+local maxbytes = tonumber(ARGV[2])
 local me = ARGV[3]
+local n = redis.call('SCARD', KEYS[1])
+if n == 0 then return {} end
+local nodes
+if n <= cap + 1 then nodes = redis.call('SMEMBERS', KEYS[1]) else nodes = redis.call('SRANDMEMBER', KEYS[1], cap + 1) end
 local out = {}
-for i, k in ipairs(KEYS) do
-  local n = redis.call('HLEN', k)
-  if n == 0 then break end
-  local fields
-  if n <= cap + 1 then fields = redis.call('HKEYS', k) else fields = redis.call('HRANDFIELD', k, cap + 1) end
-  local row = {}
-  local taken = 0
-  for _, f in ipairs(fields) do
-    if taken >= cap then break end
-    if f ~= me and #f <= 128 and redis.call('HSTRLEN', k, f) <= maxlen then
-      row[#row + 1] = f
-      row[#row + 1] = redis.call('HGET', k, f)
+local taken = 0
+for _, f in ipairs(nodes) do
+  if taken >= cap then break end
+  if f ~= me and #f <= 128 then
+    local v = redis.call('GETRANGE', ARGV[4] .. f, 0, maxbytes - 1)
+    if #v >= 64 then
+      out[#out + 1] = f
+      out[#out + 1] = v
       taken = taken + 1
     end
   end
-  if taken == 0 then break end
-  out[i] = row
 end
 return out
 """
 
 _LOOKUP_SHA = __import__("hashlib").sha1(_LOOKUP_LUA.encode()).hexdigest()
 _BATCH_RETRIES = 20
+_LOG_MAX_BYTES = 1 << 20  # a lookup reads at most this much of each holder's chain log (16,384 pages)
+_COMPACT_SMALL = 64 << 10  # logs up to this size are compacted after every unpublish; larger ones once
+# tombstones make up half of them
 _ROOT_PTR_TTL_S = 7 * 24 * 3600  # refreshed by every publish (and republish) of the page  # a batch that fails this often in a row (not a connection loss) is dropped
 
 
@@ -93,7 +101,6 @@ class RedisIndexConfig:
     gc_interval_s: float = 10.0
     publish_queue: int = 200_000
     lookup_max_holders: int = 4  # records returned per page (a random sample when more nodes hold it)
-    record_max_bytes: int = 256  # larger values are skipped by the server (a valid record is < 120 bytes)
     ssl_ca_certs: Optional[str] = None
     ssl_certfile: Optional[str] = None
     ssl_keyfile: Optional[str] = None
@@ -134,7 +141,7 @@ class RedisIndexConfig:
             v = getattr(self, name)
             if v and not os.path.isfile(v):  # fail the start, not the first TLS handshake
                 raise ValueError(f"{name}: {v} does not exist or is not a file")
-        for name, hi in (("lookup_max_holders", 1024), ("record_max_bytes", 1 << 16), ("publish_queue", 1 << 30)):
+        for name, hi in (("lookup_max_holders", 255), ("publish_queue", 1 << 30)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
                 raise ValueError(f"{name}: expected a whole number from 1 to {hi}, got {v!r}")
@@ -164,6 +171,10 @@ class _ChainFailed(Exception):
 # the connection were lost, instead of raising into the caller or hammering the server.
 _UNAVAILABLE = frozenset({"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM", "LOADING",
                           "NOAUTH", "WRONGPASS", "NOPERM"})
+
+
+def _is_hex(v: str, n: int) -> bool:
+    return len(v) == n and all(c in "0123456789abcdef" for c in v)
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -291,6 +302,7 @@ class RedisPrefixIndex:
         self._live: Dict[str, Tuple[bool, float]] = {}  # node -> (alive, when read); bounded, see _liveness
         self._live_lock = threading.Lock()  # a leaf lock: held for dict updates only, never during I/O
         self._gc_cursor = 0
+        self._tombstones: Dict[bytes, int] = {}  # root -> tombstones in our log since its last compaction
         self._script = None
         self._counters_lock = threading.Lock()
         self.counters = {"lookups": 0, "lookup_failures": 0, "chain_failures": 0, "rejected_records": 0,
@@ -368,14 +380,17 @@ class RedisPrefixIndex:
             ("MGET", lambda p: p.mget([s_key])),
             ("HSET", lambda p: p.hset(h_key, self.node_id, "1")),
             ("HMGET", lambda p: p.hmget(h_key, [self.node_id])),
-            ("HLEN", lambda p: p.hlen(h_key)),
             ("HSCAN", lambda p: p.hscan(h_key, 0)),
-            ("HGETALL", lambda p: p.hgetall(h_key)),
+            ("APPEND", lambda p: p.append(s_key, "1")),
+            ("GETRANGE", lambda p: p.getrange(s_key, 0, 1)),
             ("SADD", lambda p: p.sadd(set_key, "x")),
+            ("SCARD", lambda p: p.scard(set_key)),
+            ("SMEMBERS", lambda p: p.smembers(set_key)),
+            ("SRANDMEMBER", lambda p: p.srandmember(set_key, 2)),
             ("SSCAN", lambda p: p.sscan(set_key, 0)),
+            ("EVAL", lambda p: p.eval(_LOOKUP_LUA, 1, set_key, 8, 64, "", f"{tag}:probe:")),
+            ("EVALSHA", lambda p: p.evalsha(_LOOKUP_SHA, 1, set_key, 8, 64, "", f"{tag}:probe:")),
             ("SREM", lambda p: p.srem(set_key, "x")),
-            ("EVAL", lambda p: p.eval(_LOOKUP_LUA, 1, h_key, 8, 256, "")),
-            ("EVALSHA", lambda p: p.evalsha(_LOOKUP_SHA, 1, h_key, 8, 256, "")),
             ("HDEL", lambda p: p.hdel(h_key, self.node_id)),
             ("DEL", lambda p: p.delete(s_key, h_key, set_key)),
         ]
@@ -411,8 +426,11 @@ class RedisPrefixIndex:
             self.counters[name] += n
 
     # ---------------------------------------------------------------- keys
-    def _page_key(self, root: bytes, key: bytes) -> str:
-        return f"{self._prefix}:{{{root.hex()}}}:p:{key.hex()}"
+    def _log_key(self, root: bytes, node: str) -> str:
+        return f"{self._prefix}:{{{root.hex()}}}:c:{node}"
+
+    def _holders_key(self, root: bytes) -> str:
+        return f"{self._prefix}:{{{root.hex()}}}:h"
 
     def _root_ptr_key(self, key: bytes) -> str:
         """Where a page's chain root is recorded (the page itself is the hash tag: one slot)."""
@@ -443,8 +461,33 @@ class RedisPrefixIndex:
         anchor node's ancestors, or nothing, as prefix keys); the root is read from the first key's
         root pointer first. Round trips: one EVALSHA with a known root, a GET and an EVALSHA without
         one, plus one MGET of heartbeats when the liveness cache (min(1 s, heartbeat_s)) is stale."""
-        if not keys:
+        chain = self._chain(root, keys, exclude_self)
+        if chain is None:
             return []
+        out = chain.records([bytes(k) for k in keys])
+        self._count_rejected(chain)
+        return out
+
+    def lookup_locations(self, root: Optional[bytes], keys: Sequence[bytes], namespace: str) -> List[LocationTuple]:
+        """The fast path of `lookup` for a reader of tier-3 namespace `namespace`: per page of the
+        leading run, one location another live node holds there (decoded in bulk, no per-record
+        objects). Same round trips as lookup()."""
+        chain = self._chain(root, keys, True)
+        if chain is None:
+            return []
+        out = chain.locations([bytes(k) for k in keys], namespace)
+        self._count_rejected(chain)
+        return out
+
+    def _count_rejected(self, chain: ChainLogs) -> None:
+        n = chain.rejected
+        if n:
+            self._count("rejected_records", n)
+            log.debug("radixtier: ignored %d index entries that do not make sense", n)
+
+    def _chain(self, root: Optional[bytes], keys: Sequence[bytes], exclude_self: bool) -> Optional[ChainLogs]:
+        if not keys:
+            return None
         self._count("lookups")
         me = self.node_id if exclude_self else ""
         try:
@@ -452,53 +495,36 @@ class RedisPrefixIndex:
                 found = self._reader.call(lambda c: c.get(self._root_ptr_key(bytes(keys[0]))), build=False,
                                           chain=True)
                 if found is None or len(found) != 16:
-                    return []  # nobody published the first page (or the pointer is foreign)
+                    return None  # nobody published the first page (or the pointer is foreign)
                 root = bytes(found)
-            names = [self._page_key(bytes(root), bytes(k)) for k in keys]
-            raw = self._reader.call(lambda c: self._eval_lookup(c, names, me), build=False, chain=True)
-            live = self._liveness(self._reader, {_text(f[i]) for f in raw or [] for i in range(0, len(f) - 1, 2)})
+            root = bytes(root)
+            raw = self._reader.call(lambda c: self._eval_lookup(c, root, me), build=False, chain=True)
+            if not isinstance(raw, list) or len(raw) % 2:
+                raise RecordError(f"lookup reply: expected node/log pairs, got {type(raw).__name__}")
+            chain = ChainLogs([(_text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)])
+            live = self._liveness(self._reader, chain.nodes)
+            dead = chain.keep_nodes([live.get(n, False) for n in chain.nodes])
+            if dead:
+                self._count("dead_records_ignored", dead)
         except _ChainFailed:  # this chain's lookup failed, Redis still answers: nothing remote for it
             self._count("lookup_failures")
             self._count("chain_failures")
-            return []
+            return None
         except _Down:
             self._count("lookup_failures")
-            return []
+            return None
         except Exception as exc:  # e.g. WRONGTYPE on a foreign key: this chain is unanswerable, Redis is not down
             self._count("lookup_failures")
             log.debug("radixtier: prefix index lookup failed: %s", exc)
-            return []
-        return self._decode_run(raw, live, exclude_self)
+            return None
+        return chain
 
-    def _eval_lookup(self, client, names: List[str], me: str):
+    def _eval_lookup(self, client, root: bytes, me: str):
         script = self._script
         if script is None:
             script = self._script = client.register_script(_LOOKUP_LUA)
-        cfg = self.config
-        return script(keys=names, args=[cfg.lookup_max_holders, cfg.record_max_bytes, me], client=client)
-
-    def _decode_run(self, raw, live: Dict[str, bool], exclude_self: bool) -> List[List[PageRecord]]:
-        out: List[List[PageRecord]] = []
-        for fields in raw or []:
-            recs = []
-            for i in range(0, len(fields) - 1, 2):
-                node = fields[i].decode(errors="replace") if isinstance(fields[i], bytes) else str(fields[i])
-                if exclude_self and node == self.node_id:
-                    continue
-                try:
-                    rec = decode_record(fields[i + 1], field_node=node)
-                except RecordError as exc:
-                    self._count("rejected_records")
-                    log.debug("radixtier: rejected index record for node %s: %s", node, exc)
-                    continue
-                if not live.get(node, False):
-                    self._count("dead_records_ignored")
-                    continue
-                recs.append(rec)
-            if not recs:
-                break
-            out.append(recs)
-        return out
+        return script(keys=[self._holders_key(root)],
+                      args=[self.config.lookup_max_holders, _LOG_MAX_BYTES, me, self._log_key(root, "")], client=client)
 
     def set_republisher(self, fn: Republisher) -> None:
         self._republish_fn = fn
@@ -643,7 +669,7 @@ class RedisPrefixIndex:
     def _reconcile_owned(self, held: set, batch: int = 1000) -> Dict[bytes, bytes]:
         """Roots of our records for pages the store still holds; records of the pages it no longer
         holds are deleted (their unpublish may have been dropped from a full queue)."""
-        me, owned = self.node_id, self._owned_key(self.node_id)
+        owned = self._owned_key(self.node_id)
         items = self._writer.call(lambda c: list(c.hscan_iter(owned, count=batch)))
         saved: Dict[bytes, bytes] = {}
         stale: List[Tuple[str, str]] = []
@@ -657,17 +683,13 @@ class RedisPrefixIndex:
                 saved[key] = root
             else:
                 stale.append((key_hex, root_hex))
+        junk = [key_hex for key_hex, _root in stale if not _is_hex(key_hex, 32)]
+        if junk:
+            self._writer.call(lambda c: c.hdel(owned, *junk))
         for i in range(0, len(stale), batch):
-            def run(client, chunk=stale[i:i + batch]):
-                pipe = self._pipeline(client)
-                for key_hex, root_hex in chunk:
-                    pipe.hdel(f"{self._prefix}:{{{root_hex}}}:p:{key_hex}", me)
-                    pipe.hdel(owned, key_hex)
-                return pipe.execute()
-
-            self._writer.call(run)
+            self._apply([("unpub", (bytes.fromhex(key_hex),)) for key_hex, _root in stale[i:i + batch]
+                         if _is_hex(key_hex, 32)])
         if stale:
-            self._drop_orphan_pointers([(root_hex, key_hex) for key_hex, root_hex in stale])
             self._count("stale_removed", len(stale))
             log.info("radixtier: removed %d index records of pages this node no longer holds", len(stale))
         return saved
@@ -706,56 +728,95 @@ class RedisPrefixIndex:
                 self._queue_cv.notify_all()
 
     def _apply(self, ops: List[Tuple[str, tuple]]) -> None:
+        """One drained batch: each touched chain log gets one APPEND (records, or tombstones for
+        unpublished pages), in order; logs that gained tombstones are compacted after."""
         me = self.node_id
         owned = self._owned_key(me)
         roots = self._published_roots([args[0] for kind, args in ops if kind == "unpub"])
+        logs: Dict[bytes, List[bytes]] = {}  # root -> entries to append, in order
+        published: set = set()
+        removed: Dict[bytes, int] = {}  # root -> tombstones appended
 
-        dropped: List[Tuple[bytes, bytes]] = []  # (root, key) of records this batch deletes
+        for kind, args in ops:
+            if kind == "pub":
+                root, key, rec = args
+                roots[key] = root  # a later unpublish in this batch must find this record
+                logs.setdefault(root, []).append(key + encode_record(rec))
+                published.add(root)
+            else:
+                root = roots.pop(args[0], None)
+                if root is not None:
+                    logs.setdefault(root, []).append(args[0] + TOMBSTONE)
+                    removed[root] = removed.get(root, 0) + 1
+        order = list(logs)
 
         def run(client):
             pipe = self._pipeline(client)
+            for root in order:  # APPEND answers the log's new length, first in the replies
+                pipe.append(self._log_key(root, me), b"".join(logs[root]))
+            for root in order:
+                if root in published:
+                    pipe.sadd(self._holders_key(root), me)
             for kind, args in ops:
                 if kind == "pub":
-                    root, key, rec = args
-                    roots[key] = root  # a later unpublish in this batch must find this record
-                    pipe.hset(self._page_key(root, key), me, encode_record(rec))
+                    root, key, _rec = args
                     # a page's root is a function of its content (chained hashes), the same for every
                     # node: the pointer is never wrong, only possibly stale, so it just expires
                     pipe.set(self._root_ptr_key(key), root, ex=_ROOT_PTR_TTL_S)
                     pipe.hset(owned, key.hex(), root.hex())
                 else:
-                    root = roots.pop(args[0], None)
-                    if root is not None:
-                        pipe.hdel(self._page_key(root, args[0]), me)
-                        dropped.append((root, args[0]))
                     pipe.hdel(owned, args[0].hex())
             return pipe.execute()
 
-        self._writer.call(run)
-        self._drop_orphan_pointers([(r.hex(), k.hex()) for r, k in dropped])
+        replies = self._writer.call(run)
+        for root, n in removed.items():
+            self._tombstones[root] = self._tombstones.get(root, 0) + n
+            size = replies[order.index(root)]
+            size = size if isinstance(size, int) else 0
+            if size <= _COMPACT_SMALL or 2 * self._tombstones[root] * ENTRY_BYTES >= size:
+                self._compact(root)
         n_pub = sum(1 for k, _ in ops if k == "pub")
         self._count("published", n_pub)
         self._count("unpublished", len(ops) - n_pub)
 
-    def _drop_orphan_pointers(self, pairs: List[Tuple[str, str]], batch: int = 1000) -> None:
-        """Delete the root pointers of pages nobody holds any more ((root hex, key hex) pairs).
+    def _compact(self, root: bytes) -> None:
+        """Rewrite our log for `root` with only the pages still published (we are its only writer:
+        this runs on the index's one writer thread). An empty log goes, with our holder entry; root
+        pointers of pages no other holder has go too."""
+        me = self.node_id
+        self._tombstones.pop(root, None)
+        name, holders = self._log_key(root, me), self._holders_key(root)
+        blob = self._writer.call(lambda c: c.get(name)) or b""
+        live, _kept, gone = live_entries(blob)
 
-        Two steps (the pointer and the page's records live in different Cluster slots): a page
+        def rewrite(client):
+            pipe = self._pipeline(client)
+            if live:
+                pipe.set(name, live)
+            else:
+                pipe.delete(name)
+                pipe.srem(holders, me)
+            return pipe.execute()
+
+        self._writer.call(rewrite)
+        if gone:
+            self._drop_orphan_pointers(root, gone)
+
+    def _drop_orphan_pointers(self, root: bytes, keys: List[bytes]) -> None:
+        """Delete the root pointers of `keys` (unpublished by us under `root`) that no other holder's
+        log still publishes. Two steps (pointers and logs live in different Cluster slots): a page
         published by another node in between loses its pointer until that node republishes; a
         lookup without prefix keys misses it meanwhile, nothing worse."""
-        for i in range(0, len(pairs), batch):
-            chunk = pairs[i:i + batch]
-
-            def lengths(client, chunk=chunk):
-                pipe = self._pipeline(client)
-                for root_hex, key_hex in chunk:
-                    pipe.hlen(f"{self._prefix}:{{{root_hex}}}:p:{key_hex}")
-                return pipe.execute()
-
-            empty = [key_hex for (_r, key_hex), n in zip(chunk, self._writer.call(lengths)) if not n]
-            if empty:
-                self._writer.call(lambda c, e=empty: self._delete_keys(c, [self._root_ptr_key(bytes.fromhex(k))
-                                                                           for k in e]))
+        me = self.node_id
+        others = [n for n in (_text(m) for m in self._writer.call(lambda c: c.smembers(self._holders_key(root))))
+                  if n != me]
+        held: set = set()
+        for node in others:
+            blob = self._writer.call(lambda c, n=node: c.getrange(self._log_key(root, n), 0, _LOG_MAX_BYTES - 1))
+            held.update(live_entries(blob or b"")[1])
+        orphans = [k for k in keys if k not in held]
+        if orphans:
+            self._writer.call(lambda c: self._delete_keys(c, [self._root_ptr_key(k) for k in orphans]))
 
     def _delete_keys(self, client, names: List[str]):
         pipe = self._pipeline(client)  # one DEL per key: in a Cluster they sit in different slots
@@ -816,16 +877,17 @@ class RedisPrefixIndex:
     def _collect_node(self, node: str, batch: int = 1000) -> int:
         owned = self._owned_key(node)
         items = self._writer.call(lambda c: list(c.hscan_iter(owned, count=batch)))
-        for i in range(0, len(items), batch):
-            def run(client, chunk=items[i:i + batch]):
+        roots = sorted({_text(r) for _k, r in items if _is_hex(_text(r), 32)})
+        for i in range(0, len(roots), batch):
+            def run(client, chunk=roots[i:i + batch]):
                 pipe = self._pipeline(client)
-                for key_hex, root_hex in chunk:
-                    pipe.hdel(f"{self._prefix}:{{{_text(root_hex)}}}:p:{_text(key_hex)}", node)
+                for root_hex in chunk:
+                    root = bytes.fromhex(root_hex)
+                    pipe.delete(self._log_key(root, node))
+                    pipe.srem(self._holders_key(root), node)
                 return pipe.execute()
 
             self._writer.call(run)
-
-        self._drop_orphan_pointers([(_text(r), _text(k)) for k, r in items])
 
         def forget(client):
             pipe = self._pipeline(client)
