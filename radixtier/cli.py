@@ -1,4 +1,4 @@
-"""`radixtier` command line: demo, format, inspect."""
+"""`radixtier` command line: demo, format, inspect, index."""
 
 from __future__ import annotations
 
@@ -62,6 +62,87 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     return 1 if rep["errors"] else 0
 
 
+def _index_config(a: argparse.Namespace):
+    """The same RedisIndexConfig (and so the same checks and one-line errors) as the SGLang plugin."""
+    import os
+
+    from radixtier.storage.index.redis_index import RedisIndexConfig
+
+    url = a.url or os.environ.get("RADIXTIER_REDIS_URL")
+    if not url:
+        raise ValueError("redis_url: give --url redis://host:port/db (or set RADIXTIER_REDIS_URL)")
+    return RedisIndexConfig(url=url, node_id="radixtier-admin", namespace=a.namespace, key_prefix=a.key_prefix,
+                            username=a.username, password=a.password or os.environ.get("RADIXTIER_REDIS_PASSWORD"),
+                            cluster=a.cluster, ssl_ca_certs=a.ssl_ca_certs, ssl_certfile=a.ssl_certfile,
+                            ssl_keyfile=a.ssl_keyfile, ssl_cert_reqs=a.ssl_cert_reqs, lookup_timeout_s=a.timeout,
+                            connect_timeout_s=a.timeout, write_timeout_s=max(5.0, a.timeout))
+
+
+def _human_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _cmd_index(a: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from radixtier.storage.index.redis_index import RedisPrefixIndex
+
+    if a.action is None:
+        raise ValueError("index: give an action, status or gc (radixtier index --help)")
+    import logging
+
+    logging.getLogger("radixtier.storage.redis").setLevel(logging.ERROR)  # errors come back as one line
+    index = RedisPrefixIndex(_index_config(a), serve=False)
+    try:
+        index.ensure_reachable()
+        if a.action == "gc":
+            removed = index.collect_all_garbage()
+            out = {"removed_pages": removed}
+            print(json.dumps(out) if a.json else f"removed the records of {removed} page(s) of dead nodes")
+            return 0
+        with tqdm(desc="nodes", unit="node", file=sys.stderr, delay=1.0, disable=a.json) as bar:
+            rep = index.fleet_status(check=a.check, progress=bar.update)
+    finally:
+        index.close()
+    if a.json:
+        print(json.dumps(rep, indent=2))
+        return 0
+    print(f"{rep['url']} namespace {rep['namespace']!r}: {rep['live']} live, {rep['dead']} dead node(s); "
+          f"Redis uses {_human_bytes(rep['redis_used_memory_bytes'])} in all")
+    head = f"  {'node':24s} {'state':6s} {'last heartbeat':>15s} {'pages':>9s} {'chains':>7s} {'memory':>10s}"
+    print(head + ("  rejected" if a.check else ""))
+    for r in rep["nodes"]:
+        beat = "-" if r["last_heartbeat_s_ago"] is None else f"{r['last_heartbeat_s_ago']:.1f} s ago"
+        line = (f"  {r['node'][:24]:24s} {'live' if r['alive'] else 'dead':6s} {beat:>15s} {r['pages']:9d} "
+                f"{r['chains']:7d} {_human_bytes(r['redis_bytes']):>10s}")
+        print(line + (f"  {r['rejected_entries']:8d}" if a.check else ""))
+    if rep["dead"]:
+        print("  dead nodes' records are ignored by lookups; `radixtier index gc` removes them now")
+    return 0
+
+
+def _add_index_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Redis (the same settings as the SGLang plugin's redis_* keys)")
+    g.add_argument("--url", default=None, help="redis://, rediss:// or unix:// URL (default: $RADIXTIER_REDIS_URL)")
+    g.add_argument("--namespace", default="default", help="the index namespace (the plugin's redis_namespace)")
+    g.add_argument("--key-prefix", default="radixtier", help="key prefix (the plugin's redis_key_prefix)")
+    g.add_argument("--username", default=None, help="ACL user")
+    g.add_argument("--password", default=None, help="password (default: $RADIXTIER_REDIS_PASSWORD)")
+    g.add_argument("--cluster", action="store_true", help="the URL is a Redis Cluster node")
+    g.add_argument("--ssl-ca-certs", default=None, help="CA bundle for rediss://")
+    g.add_argument("--ssl-certfile", default=None, help="client certificate for rediss://")
+    g.add_argument("--ssl-keyfile", default=None, help="client key for rediss://")
+    g.add_argument("--ssl-cert-reqs", default="required", help="required, optional or none (rediss:// only)")
+    g.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for Redis (default 2)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def _cmd_demo(a: argparse.Namespace) -> int:
     from radixtier.demo.run import run_demo
 
@@ -93,6 +174,18 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     i.add_argument("--verify", action="store_true", help="read every used page and check it")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=_cmd_inspect)
+    x = sub.add_parser("index", help="the fleet's prefix index in Redis: who holds what; remove dead nodes' records",
+                       description="Read the prefix index the SGLang plugin (or TieredKVCache) keeps in Redis: "
+                                   "`status` lists every node with its heartbeat, pages, chains and memory; "
+                                   "`gc` removes the records of nodes whose heartbeat expired (lookups already "
+                                   "ignore them; this frees the memory now).")
+    xs = x.add_subparsers(dest="action", metavar="ACTION")
+    st = xs.add_parser("status", help="nodes live/dead, last heartbeat, pages and chains per node, memory")
+    _add_index_arguments(st)
+    st.add_argument("--check", action="store_true", help="also read every chain log and count bad entries")
+    gc = xs.add_parser("gc", help="remove dead nodes' records now")
+    _add_index_arguments(gc)
+    x.set_defaults(fn=_cmd_index, action=None)
     return ap
 
 

@@ -173,6 +173,14 @@ _UNAVAILABLE = frozenset({"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "
                           "NOAUTH", "WRONGPASS", "NOPERM"})
 
 
+def _beat_time(beat) -> Optional[float]:
+    """When a heartbeat was written (its payload is node|unix time|nonce), or None."""
+    try:
+        return float(_text(beat).rsplit("|", 2)[1])
+    except (IndexError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def _is_hex(v: str, n: int) -> bool:
     return len(v) == n and all(c in "0123456789abcdef" for c in v)
 
@@ -284,7 +292,10 @@ class _Link:
 class RedisPrefixIndex:
     """PrefixIndex over Redis (standalone or Cluster); see the module docstring."""
 
-    def __init__(self, config: RedisIndexConfig, republish: Optional[Republisher] = None) -> None:
+    def __init__(self, config: RedisIndexConfig, republish: Optional[Republisher] = None,
+                 serve: bool = True) -> None:
+        """serve=False: an operator's view (`radixtier index`): same connection, checks and errors,
+        but no worker, no heartbeat -- the tool never appears in the fleet as a node."""
         import redis
         from redis.exceptions import ClusterError, RedisClusterException
 
@@ -318,8 +329,10 @@ class RedisPrefixIndex:
         self._check_access(down)
         self._stop = threading.Event()
         self._need_republish = True
-        self._worker = threading.Thread(target=self._run, name=f"radixtier-redis-{cfg.node_id}", daemon=True)
-        self._worker.start()
+        self._worker: Optional[threading.Thread] = None
+        if serve:
+            self._worker = threading.Thread(target=self._run, name=f"radixtier-redis-{cfg.node_id}", daemon=True)
+            self._worker.start()
 
     # ---------------------------------------------------------------- connection
     def _connect(self, socket_timeout: float):
@@ -554,15 +567,93 @@ class RedisPrefixIndex:
                 "queue_depth": depth, **counters}
 
     def close(self) -> None:
-        self.flush(timeout=2.0)
-        self._stop.set()
-        self._worker.join(timeout=5)
-        try:
-            self._writer.call(lambda c: c.delete(self._node_key(self.node_id)))  # dead from now on
-        except Exception:
-            pass
+        if self._worker is not None:
+            self.flush(timeout=2.0)
+            self._stop.set()
+            self._worker.join(timeout=5)
+            try:
+                self._writer.call(lambda c: c.delete(self._node_key(self.node_id)))  # dead from now on
+            except Exception:
+                pass
         self._reader.close()
         self._writer.close()
+
+    # ---------------------------------------------------------------- the fleet, for operators
+    def ensure_reachable(self) -> None:
+        """Raise OSError naming the URL when Redis does not answer (an operator tool fails at once)."""
+        try:
+            self._writer.call(lambda c: c.ping())
+        except _Down as exc:
+            why = exc.__cause__ or "no answer"
+            raise OSError(f"redis_url: {self.config.url} is not reachable: {why}") from None
+    def fleet_status(self, check: bool = False, progress: Optional[Callable[[int], None]] = None) -> Dict[str, object]:
+        """Every node ever seen: alive or dead with its last heartbeat, pages and chains it published,
+        Redis memory its records take; check=True also reads each chain log and counts entries a
+        lookup would reject. Read-only."""
+        w = self._writer
+        all_key = f"{self._prefix}:{{nodes}}:all"
+        nodes: List[str] = []
+        cursor = 0
+        while True:
+            cursor, members = w.call(lambda c, cur=cursor: c.sscan(all_key, cur, count=1000))
+            nodes += [_text(m) for m in members]
+            if cursor == 0:
+                break
+        nodes.sort()
+        beats = w.call(lambda c: c.mget([self._node_key(n) for n in nodes])) if nodes else []
+        rows = []
+        now = time.time()
+        for node, beat in zip(nodes, beats):
+            owned = self._owned_key(node)
+            roots: Dict[str, int] = {}
+            for _key, root in w.call(lambda c, o=owned: list(c.hscan_iter(o, count=1000))):
+                roots[_text(root)] = roots.get(_text(root), 0) + 1
+            mem = self._memory_of(owned, [self._log_key(bytes.fromhex(r), node) for r in roots if _is_hex(r, 32)])
+            beat_at = _beat_time(beat)
+            row = {"node": node, "alive": beat is not None,
+                   "last_heartbeat_s_ago": None if beat_at is None else round(max(0.0, now - beat_at), 1),
+                   "pages": sum(roots.values()), "chains": len(roots), "redis_bytes": mem}
+            if check:
+                row["rejected_entries"] = self._count_bad_entries(node, roots)
+            rows.append(row)
+            if progress is not None:
+                progress(1)
+        info = w.call(lambda c: c.info("memory"))
+        used = info.get("used_memory") if isinstance(info, dict) else None
+        return {"url": self.config.url, "namespace": self.config.namespace, "key_prefix": self.config.key_prefix,
+                "nodes": rows, "live": sum(1 for r in rows if r["alive"]), "dead": sum(1 for r in rows if not r["alive"]),
+                "redis_used_memory_bytes": used}
+
+    def _memory_of(self, owned: str, logs: List[str]) -> Optional[int]:
+        """Bytes Redis reports for a node's keys (MEMORY USAGE); None where the server refuses it."""
+        def run(client):
+            pipe = self._pipeline(client)
+            for name in [owned] + logs:
+                pipe.memory_usage(name)
+            return pipe.execute(raise_on_error=False)
+
+        try:
+            return sum(v for v in self._writer.call(run) if isinstance(v, int))
+        except Exception:
+            return None
+
+    def _count_bad_entries(self, node: str, roots: Dict[str, int]) -> int:
+        bad = 0
+        for root_hex in roots:
+            if not _is_hex(root_hex, 32):
+                continue
+            blob = self._writer.call(lambda c, r=root_hex: c.getrange(self._log_key(bytes.fromhex(r), node), 0,
+                                                                      _LOG_MAX_BYTES - 1)) or b""
+            chain = ChainLogs([(node, blob)])
+            for h in chain.holders:
+                h.where  # decodes, counting entries that do not make sense
+            bad += chain.rejected
+        return bad
+
+    def collect_all_garbage(self) -> int:
+        """collect_garbage until the whole node set was walked once (an operator's `index gc`)."""
+        removed = self.collect_garbage(max_nodes=1 << 30, wait_lock=True)
+        return removed
 
     # ---------------------------------------------------------------- liveness
     def _liveness(self, link: _Link, nodes: Iterable[str]) -> Dict[str, bool]:
@@ -626,7 +717,7 @@ class RedisPrefixIndex:
 
     def _heartbeat(self) -> None:
         cfg = self.config
-        payload = f"{cfg.node_id}:{uuid.uuid4().hex[:8]}"
+        payload = f"{cfg.node_id}|{time.time():.3f}|{uuid.uuid4().hex[:8]}"  # `index status` reads the time
         was_down = not self._writer.up
 
         def beat(client):
@@ -831,7 +922,7 @@ class RedisPrefixIndex:
         vals = self._writer.call(lambda c: c.hmget(self._owned_key(self.node_id), [k.hex() for k in keys]))
         return {k: bytes.fromhex(_text(v)) for k, v in zip(keys, vals) if v}
 
-    def collect_garbage(self, max_nodes: int = 2000) -> int:
+    def collect_garbage(self, max_nodes: int = 2000, wait_lock: bool = False) -> int:
         """Remove records of nodes whose heartbeat expired (one collector at a time); returns records removed.
 
         Walks the node set with SSCAN, at most `max_nodes` ids per call (continuing where the last
@@ -840,8 +931,11 @@ class RedisPrefixIndex:
         lock = f"{self._prefix}:{{nodes}}:gc"
         all_key = f"{self._prefix}:{{nodes}}:all"
         w = self._writer
-        if not w.call(lambda c: c.set(lock, self.node_id, nx=True, px=int(self.config.gc_interval_s * 1000))):
-            return 0
+        deadline = time.monotonic() + (self.config.gc_interval_s + 1 if wait_lock else 0)
+        while not w.call(lambda c: c.set(lock, self.node_id, nx=True, px=int(self.config.gc_interval_s * 1000))):
+            if time.monotonic() >= deadline:
+                return 0
+            time.sleep(0.2)  # another collector holds the lock: an operator's gc waits its turn
         removed, seen, cursor = 0, 0, self._gc_cursor
         while True:
             cursor, members = w.call(lambda c, cur=cursor: c.sscan(all_key, cur, count=500))
