@@ -161,6 +161,8 @@ def test_corrupt_torn_or_stale_page_is_a_miss_and_freed(tmp_path, where, engine)
     out = [torch.zeros(NUMEL, dtype=torch.int32) for _ in range(4)]
     assert s.get([key(i) for i in range(4)], out) == [True, True, False, True]
     assert s.counters.corrupt == 1
+    kind = {"payload": "corrupt_checksum", "header": "corrupt_header", "table_stale": "corrupt_header"}[where]
+    assert getattr(s.counters, kind) == 1
     assert s.exists([victim]) == [False]  # freed: never read again
     assert victim in s.take_evicted()
     assert torch.equal(out[3], content(3))
@@ -194,8 +196,10 @@ def test_inspect_reports_corruption(tmp_path):
     assert rep["errors"][0]["error"] == "payload checksum mismatch"
 
 
-def test_read_location_checks_generation(tmp_path):
-    s = open_store(str(tmp_path / "ns.img"))
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_read_location_checks_generation(tmp_path, engine):
+    _skip_without(engine)
+    s = open_store(str(tmp_path / "ns.img"), io_engine=engine)
     s.put([key(1)], [content(1)])
     loc = s.location(key(1))
     buf = torch.zeros(NUMEL, dtype=torch.int32)
@@ -204,6 +208,7 @@ def test_read_location_checks_generation(tmp_path):
 
     assert not s.read_location(replace(loc, generation=loc.generation + 1), key(1), buf)  # stale
     assert not s.read_location(loc, key(2), buf)  # wrong page
+    assert s.counters.corrupt_stale == 2 and s.counters.corrupt_header == 0  # counted by kind
     assert not s.read_location(replace(loc, namespace="0" * 32), key(1), buf)  # other namespace
     s.close()
 

@@ -30,6 +30,7 @@ from radixtier.integrations.sglang.config import BackendConfig, ConfigError
 from radixtier.integrations.sglang.keys import (KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true,
                                                 split_segments)
 from radixtier.storage.api import LocationTuple, PageLocation
+from radixtier.prometheus import MetricsReporter
 from radixtier.storage.publisher import Publisher
 
 log = logging.getLogger("radixtier.sglang")
@@ -80,6 +81,7 @@ class RadixTierStorage(HiCacheStorage):
         self._formats: Dict[str, PoolFormat] = {}
         self._open_lock = threading.Lock()
         self._store = None
+        self._prom: Optional[MetricsReporter] = None  # radixtier: metrics, when SGLang's metrics are on
         self._index = None
         self._publisher: Optional[Publisher] = None
         self._closed = False
@@ -140,6 +142,9 @@ class RadixTierStorage(HiCacheStorage):
                     store.close()
                     raise
                 self._publisher = Publisher(store, self._index)
+                if self.storage_config.enable_storage_metrics or self.config.prometheus:
+                    # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
+                    self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
                 self._store = store
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
@@ -357,7 +362,12 @@ class RadixTierStorage(HiCacheStorage):
         publisher = self._publisher
         if publisher is None or not keys:
             return []
+        t0 = time.perf_counter()
         out = publisher.remote_locations(root, keys)
+        prom = self._prom
+        if prom is not None:
+            prom.observe("index_lookup_seconds", time.perf_counter() - t0)
+            prom.inc("remote_pages_found", len(out))
         with self._hints_lock:
             hints = self._hints
             for key, loc in zip(keys, out):
@@ -402,8 +412,15 @@ class RadixTierStorage(HiCacheStorage):
                     remote += ok[i]
         n_ok = local + remote
         self._stats.add(pages_local=local, pages_remote=remote, pages_missed=len(ok) - n_ok)
+        elapsed = time.perf_counter() - t0
         if n_ok:
-            self._stats.record(True, n_ok, n_ok * self._page_nbytes(bufs[0]), time.perf_counter() - t0)
+            self._stats.record(True, n_ok, n_ok * self._page_nbytes(bufs[0]), elapsed)
+        prom = self._prom
+        if prom is not None:
+            prom.observe("storage_read_seconds", elapsed)
+            prom.inc("remote_pages_read", remote)
+            prom.inc("remote_pages_missed", len(ok) - n_ok)
+            prom.sync_store(store.stats())
         return ok
 
     def _write(self, pool: str, chain: Chain, bufs: List[Any]) -> List[bool]:
@@ -413,9 +430,16 @@ class RadixTierStorage(HiCacheStorage):
         evicted = list(res.evicted) + store.take_evicted()
         n_ok = sum(res.ok)
         self._stats.add(pages_written=n_ok, pages_write_failed=len(res.ok) - n_ok)
+        elapsed = time.perf_counter() - t0
         if n_ok:
-            self._stats.record(False, n_ok, n_ok * self._page_nbytes(bufs[0]), time.perf_counter() - t0)
+            self._stats.record(False, n_ok, n_ok * self._page_nbytes(bufs[0]), elapsed)
         self._publish(chain, res.ok, evicted)
+        prom, publisher = self._prom, self._publisher
+        if prom is not None:
+            prom.observe("storage_write_seconds", elapsed)
+            prom.sync_store(store.stats())
+            if publisher is not None:
+                prom.sync_index(publisher.health())
         return list(res.ok)
 
     def _publish(self, chain: Chain, ok: List[bool], evicted: List[bytes]) -> None:

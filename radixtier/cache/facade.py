@@ -76,6 +76,7 @@ class TieredKVCache:
         self.config, self.namespace, self.hasher, self.store, self.index = cfg, namespace, hasher, store, index
         self.tree, self.device_pool, self.host_pool, self.stats_counters = s.tree, device_pool, host_pool, stats
         self._closed = False
+        self._metrics_stop: list = []  # serve_metrics(): the sync thread's and the HTTP server's stops
         self._cleaner_wake = threading.Event()
         self._cleaner: Optional[threading.Thread] = None
         if cfg.write_policy == WritePolicy.WRITE_BACK:
@@ -157,9 +158,31 @@ class TieredKVCache:
         snap["queue_depths"] = s.mover.queue_depths()
         return snap
 
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1", interval_s: float = 1.0) -> None:
+        """Expose radixtier: metrics (hits by tier, bytes moved, tier-3 and index state) on
+        http://addr:port/metrics, refreshed every interval_s by a background thread, until close()."""
+        from radixtier.prometheus import MetricsReporter, PeriodicSync, serve
+
+        s = self._s
+        node = self.index.node_id if self.index is not None else "local"
+        reporter = MetricsReporter(node, self.store.partition if self.store is not None else 0)
+
+        def sync() -> None:
+            reporter.sync_cache(s.stats.snapshot())
+            if s.store is not None:
+                reporter.sync_store(s.store.stats())
+            if s.publisher is not None:
+                reporter.sync_index(s.publisher.health())
+
+        sync()
+        stop_server = serve(port, addr)
+        self._metrics_stop = [PeriodicSync(sync, interval_s).stop, stop_server]
+
     def close(self) -> None:
         if self._closed:
             return
+        for stop in self._metrics_stop:
+            stop()
         self._closed = True  # the write-back cleaner stops first, so nothing new starts after the flush
         self._cleaner_wake.set()
         if self._cleaner is not None:

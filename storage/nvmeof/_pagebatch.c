@@ -26,7 +26,7 @@
 #define FORMAT_VERSION 2
 #define KEY_BYTES 16
 
-enum { ST_OK = 0, ST_IO = 1, ST_HEADER = 2, ST_CHECKSUM = 3, ST_NOT_RUN = 4 };
+enum { ST_OK = 0, ST_IO = 1, ST_HEADER = 2, ST_CHECKSUM = 3, ST_NOT_RUN = 4, ST_STALE = 5 };
 
 typedef struct {
     void *base;
@@ -300,9 +300,10 @@ static int verify(const Batch *b, Item *it) {
     const unsigned char *h = it->hdr;
     if (memcmp(h, "RTPG", 4) != 0 || get16(h + 4) != FORMAT_VERSION) return ST_HEADER;
     if (get32(h + HDR_BODY) != rt_crc32c(0, h, HDR_BODY)) return ST_HEADER;
-    if (get64(h + 8) != it->gen || get32(h + 16) != it->length || get32(h + 20) != it->csum ||
-        get64(h + 24) != (uint64_t)it->slot || memcmp(h + 32, it->key, KEY_BYTES) != 0 || memcmp(h + 64, b->uuid, 16) != 0)
-        return ST_HEADER;
+    if (get64(h + 24) != (uint64_t)it->slot || memcmp(h + 64, b->uuid, 16) != 0) return ST_HEADER;
+    if (memcmp(h + 32, it->key, KEY_BYTES) != 0 || get64(h + 8) != it->gen)
+        return ST_STALE; /* a sound header of another page or generation: the slot was reused */
+    if (get32(h + 16) != it->length || get32(h + 20) != it->csum) return ST_HEADER;
     const Page *p = it->page;
     if (it->bounce != NULL) {
         if (rt_crc32c(0, it->bounce, it->length) != it->csum) return ST_CHECKSUM;
@@ -725,7 +726,8 @@ const char rt_read_pages_doc[] =
     "read_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct) -> (status, errno)\n\n"
     "plan: (batch index, key, (slot, generation, length, checksum, ...)) per page. Reads each slot (header +\n"
     "payload) into the batch's buffers, proving header and CRC-32C as each I/O lands, GIL released.\n"
-    "status[i]: 0 proven, 1 I/O error, 2 header mismatch, 3 checksum mismatch, 4 not run.";
+    "status[i]: 0 proven, 1 I/O error, 2 header mismatch, 3 checksum mismatch, 4 not run,\n"
+    "5 stale (a sound header of another page or generation: the slot was reused).";
 
 const char rt_write_pages_doc[] =
     "write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct) -> (status, checksums, errno)\n\n"

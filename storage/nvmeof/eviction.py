@@ -69,6 +69,11 @@ class EvictionOrder:
         p = self._live_parent(self._entries[key])
         return None if p is None else p.key
 
+    def is_held(self, key: Hashable) -> bool:
+        """Marked held by a faster tier (and so evicted ahead of the rest)."""
+        e = self._entries.get(key)
+        return e is not None and e.held and self.mode != PLAIN_LRU
+
     def is_evictable(self, key: Hashable) -> bool:
         e = self._entries.get(key)
         return e is not None and (e.stamp in self._evictable or e.stamp in self._held)

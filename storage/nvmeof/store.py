@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, EvictionOrder
+from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, PLAIN_LRU, EvictionOrder
 from radixtier.storage.nvmeof.io_engine import IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, make_engine
 from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
                                       SlotHeader, Superblock, TableEntry, align_up, checksum)
@@ -40,8 +40,10 @@ log = logging.getLogger("radixtier.storage.nvmeof")
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
 _MAX_PENDING_TOUCHES = 1 << 16  # read keys waiting to reach the eviction order (bounded memory)
-_FAILURE = {1: "I/O error", 2: "slot header does not match: torn, stale or another page",
-            3: "payload checksum mismatch: torn or corrupt", 4: "not read: the I/O ring failed"}
+_FAILURE = {1: "I/O error", 2: "slot header does not match: torn or foreign",
+            3: "payload checksum mismatch: torn or corrupt", 4: "not read: the I/O ring failed",
+            5: "stale: the slot holds another page or generation"}
+_FAILURE_COUNTER = {2: "corrupt_header", 3: "corrupt_checksum", 5: "corrupt_stale"}
 
 
 # Where a held page is: (slot, generation, length, checksum, parent key or None). A plain tuple of
@@ -87,8 +89,14 @@ class StoreCounters:
     writes: int = 0
     write_bytes: int = 0
     misses: int = 0
-    corrupt: int = 0
-    evictions: int = 0
+    corrupt: int = 0  # pages that failed verification, all kinds; by kind:
+    corrupt_header: int = 0  # torn or foreign slot header
+    corrupt_checksum: int = 0  # payload CRC-32C mismatch (torn or corrupt data)
+    corrupt_stale: int = 0  # a sound header of another page or generation (the slot was reused)
+    evictions: int = 0  # all victims; by reason:
+    evicted_held: int = 0  # held by a faster tier: the first to go
+    evicted_leaves_first: int = 0  # leaves-first LRU
+    evicted_lru: int = 0  # plain per-page LRU mode
     io_errors: int = 0
     bounced: int = 0
     fenced_writes: int = 0
@@ -610,10 +618,13 @@ class NvmeofPageStore:
             victim = self._order.peek_victim()
         if victim is None or victim in self._readers:
             return None
+        reason = "evicted_held" if self._order.is_held(victim) else (
+            "evicted_lru" if self._order.mode == PLAIN_LRU else "evicted_leaves_first")
         s = self._drop(victim)
         evicted.append(victim)
         self._evicted.append(victim)
         self.counters.evictions += 1
+        setattr(self.counters, reason, getattr(self.counters, reason) + 1)
         return s[SLOT]
 
     def _note_reads(self, keys: List[bytes]) -> None:
@@ -771,7 +782,7 @@ class NvmeofPageStore:
         blocks = []
         with self._lock:
             for (_i, key, s), st in zip(failed, why):
-                self.counters.corrupt += 1
+                self._count_failure(st)
                 log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
                             self.path, s[SLOT], key.hex(), _FAILURE.get(st, "torn, stale or corrupt"))
                 cur = self._index.get(key)
@@ -825,10 +836,17 @@ class NvmeofPageStore:
             return True
         if status[0] in (1, 4):
             self.counters.io_errors += 1
-        self.counters.corrupt += 1
+        self._count_failure(status[0])
         log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
                     self.path, location.slot, key.hex(), _FAILURE.get(status[0], "torn, stale or corrupt"))
         return False
+
+    def _count_failure(self, status: int) -> None:
+        """A page not proven: counted in all, and by kind (the native core's status codes)."""
+        self.counters.corrupt += 1
+        kind = _FAILURE_COUNTER.get(status)
+        if kind is not None:
+            setattr(self.counters, kind, getattr(self.counters, kind) + 1)
 
     def _read_verified(self, items) -> List[bool]:
         """items: (slot, key, generation, length, checksum, segments)."""
@@ -849,13 +867,19 @@ class NvmeofPageStore:
             self.counters.bounced += 1
         out = [False] * len(items)
 
+        why = [1] * len(items)  # the native core's status codes, for the failure counters
+
         def verify(j: int, io_ok: bool) -> None:  # runs as each I/O lands, under the ones still in flight
             slot, key, gen, length, csum, sg = items[j]
             hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
             good = io_ok and self._header_ok(hdr, slot, key, gen, length, csum)
+            if io_ok and not good:
+                h = SlotHeader.unpack(hdr)
+                why[j] = 5 if h is not None and h.slot == slot and (h.key != key or h.generation != gen) else 2
             if good:
                 src = [bounces[j][:length]] if bounces[j] is not None else sg
                 good = checksum(*src) == csum
+                why[j] = 3
                 if good and bounces[j] is not None:
                     pos = 0
                     for s in sg:
@@ -869,9 +893,9 @@ class NvmeofPageStore:
                 self.counters.reads += 1
                 self.counters.read_bytes += items[j][3]
             else:
-                self.counters.corrupt += 1
-                log.warning("radixtier: %s slot %d: page %s failed verification (torn, stale or corrupt); "
-                            "treated as a miss", self.path, items[j][0], items[j][1].hex())
+                self._count_failure(why[j])
+                log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
+                            self.path, items[j][0], items[j][1].hex(), _FAILURE.get(why[j], "torn or corrupt"))
         return out
 
     def _header_ok(self, hdr, slot: int, key: bytes, gen: int, length: int, csum: int) -> bool:
