@@ -1,4 +1,4 @@
-"""`radixtier` command line: demo, format, inspect, index."""
+"""`radixtier` command line: demo, format, inspect, index, plan."""
 
 from __future__ import annotations
 
@@ -143,6 +143,32 @@ def _add_index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _cmd_plan(a: argparse.Namespace) -> int:
+    from radixtier import plan
+
+    geom = plan.geometry_from_args(a)
+    plan.inputs_from_args(a).check()  # bad flags fail before any measurement
+    tier = None
+    if a.measure:
+        from tqdm import tqdm
+
+        with tqdm(desc="measure", unit="page", file=sys.stderr, delay=1.0, disable=a.json) as bar:
+            tier = plan.measure_read_gbps(a.measure, progress=bar.update)
+        if not a.json:
+            print(f"measured: {tier:.2f} GB/s verified reads on {a.measure} (used as --tier-gbps)")
+    p = plan.predict(geom, plan.inputs_from_args(a, tier))
+    p["verdict"] = plan.verdict(p)
+    if a.png:
+        plan.plot(geom, plan.inputs_from_args(a, tier), a.png)
+    if a.json:
+        print(json.dumps(p, indent=2))
+    else:
+        print(plan.format_report(p))
+        if a.png:
+            print(f"plot written to {a.png}")
+    return 0
+
+
 def _cmd_demo(a: argparse.Namespace) -> int:
     from radixtier.demo.run import run_demo
 
@@ -186,6 +212,36 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     gc = xs.add_parser("gc", help="remove dead nodes' records now")
     _add_index_arguments(gc)
     x.set_defaults(fn=_cmd_index, action=None)
+    pl = sub.add_parser("plan", help="predict TTFT and throughput: recompute vs local NVMe vs tiered NVMe-oF",
+                        description="A cost model (radixtier/plan.py states every assumption) of TTFT and "
+                                    "throughput for recomputing a prefix, reloading it from local NVMe, and "
+                                    "reloading it from tiered NVMe-oF, for your model and workload.",
+                        epilog="example: radixtier plan --config Llama-3.1-70B/config.json --prefill-tps 20000 "
+                               "--context 32768 --hit-rate 0.9 --concurrency 16 --measure /mnt/nvmeof")
+    m = pl.add_argument_group("model KV geometry (a Hugging Face config.json, or the numbers)")
+    m.add_argument("--config", default=None, help="the model's config.json (GQA/MHA or DeepSeek-style MLA)")
+    m.add_argument("--layers", type=int, default=None, help="transformer layers")
+    m.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA/MHA)")
+    m.add_argument("--head-dim", type=int, default=None, help="head dimension (GQA/MHA)")
+    m.add_argument("--mla-dim", type=int, default=None, help="kv_lora_rank + qk_rope_head_dim (MLA)")
+    m.add_argument("--dtype-bytes", type=int, default=2, help="bytes per KV element (2 for bf16)")
+    w = pl.add_argument_group("workload")
+    w.add_argument("--context", type=int, default=32768, help="prompt tokens per request")
+    w.add_argument("--hit-rate", type=float, default=0.9, help="share of the prompt that is a cached prefix (0..1)")
+    w.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    h = pl.add_argument_group("hardware")
+    h.add_argument("--prefill-tps", type=float, default=20000.0, help="prefill tokens per second of the GPUs")
+    h.add_argument("--prefill-overhead-s", type=float, default=0.0, help="fixed seconds per prefill")
+    h.add_argument("--prefix-cost-us-per-token", type=float, default=0.0,
+                   help="microseconds per reused prefix token in the prefill that reuses it (KV in, attention)")
+    h.add_argument("--local-gbps", type=float, default=3.0, help="local NVMe read GB/s")
+    h.add_argument("--tier-gbps", type=float, default=5.0, help="NVMe-oF target read GB/s")
+    h.add_argument("--net-gbps", type=float, default=12.5, help="network GB/s between GPU nodes and the target")
+    h.add_argument("--measure", default=None, metavar="PATH",
+                   help="measure --tier-gbps with the store's own reads on a temporary namespace in PATH")
+    pl.add_argument("--png", default=None, help="also plot TTFT vs context length for the three paths")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(fn=_cmd_plan)
     return ap
 
 

@@ -11,17 +11,19 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 from tqdm import tqdm
 
 from radixtier.cache import CacheConfig, TieredKVCache
 from radixtier.hashing import KVNamespace
-from radixtier.demo.serving import RecomputePath, RequestResult, TieredPath, serve, summarize
+from radixtier.demo.serving import RecomputePath, TieredPath, serve, summarize
 from radixtier.storage.nvmeof.store import NvmeofPageStore
 from radixtier.storage.index.inprocess import InProcessIndex
+from radixtier.demo.predict import MeasuredHardware, measure_prefill, predicted_mean_ttft, reuse_by_tier
 from radixtier.demo.toymodel import SIZES, ModelSpec, ToyLlama
+from radixtier.plan import measure_read_gbps
 from radixtier.demo.workloads import agent_types, multi_turn_chat
 
 
@@ -36,7 +38,11 @@ def add_demo_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device-pages", type=int, default=None,
                     help="tier-1 (HBM) pages (default: a quarter of the working set, so KV spills)")
     ap.add_argument("--host-pages", type=int, default=None,
-                    help="tier-2 (DRAM) pages (default: a quarter of the working set, so tier 3 serves the rest)")
+                    help="tier-2 (DRAM) pages (default: --hicache-ratio x device pages)")
+    ap.add_argument("--hicache-ratio", type=float, default=2.0,
+                    help="host pages per device page when --host-pages is not given (SGLang's default: 2)")
+    ap.add_argument("--png", default="radixtier-demo.png", help="plot of TTFT (measured and predicted) and reuse "
+                    "per tier ('' for none)")
     ap.add_argument("--namespace", default=None, help="tier-3 namespace file or device (default: a temp file)")
     ap.add_argument("--force", action="store_true", help="let the demo clear a --namespace that holds pages")
     ap.add_argument("--storage-bytes", type=int, default=512 << 20, help="size of a new namespace file")
@@ -57,9 +63,10 @@ def _workloads(a: argparse.Namespace) -> Dict[str, list]:
 
 
 def tier_sizes(sessions: list, page_size: int) -> Tuple[int, int]:
-    """(pages per memory tier, working set pages) for one workload: each of device and host holds
-    two of the longest requests (the running one and the one prefetched behind it) with room to
-    spare, or a quarter of the working set, whichever is more; the rest lives only in tier 3."""
+    """(device pages, working set pages) for one workload: the device holds two of the longest
+    requests (the running one and the one prefetched behind it) with room to spare, or a quarter
+    of the working set, whichever is more; the host holds --hicache-ratio times that (SGLang's
+    default 2), and what neither holds lives only in tier 3."""
     pages = set()
     longest = 0
     for session in sessions:
@@ -79,6 +86,35 @@ def _fmt_tiers(hits: Dict[str, int]) -> str:
     if not total:
         return "-"
     return " ".join(f"{k[0].upper()}{100 * v / total:.0f}%" for k, v in hits.items() if v)
+
+
+def _plot(rows, png: str) -> None:
+    """Per workload and path: measured vs predicted mean TTFT, and reuse per tier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{w}\n{p}" for w, p, _ in rows]
+    xs = range(len(rows))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.bar([x - 0.2 for x in xs], [s["ttft_mean_s"] * 1e3 for _, _, s in rows], 0.4, label="measured")
+    ax1.bar([x + 0.2 for x in xs], [s["ttft_mean_predicted_s"] * 1e3 for _, _, s in rows], 0.4, label="planner")
+    ax1.set_xticks(list(xs), labels, fontsize=8)
+    ax1.set_ylabel("mean TTFT (ms)")
+    ax1.set_title("TTFT: measured vs `radixtier plan`")
+    ax1.legend()
+    bottom = [0.0] * len(rows)
+    for tier in ("device", "host", "storage"):
+        vals = [100 * s["reuse_by_tier"][tier] for _, _, s in rows]
+        ax2.bar(list(xs), vals, 0.6, bottom=bottom, label="tier 3" if tier == "storage" else tier)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax2.set_xticks(list(xs), labels, fontsize=8)
+    ax2.set_ylabel("% of prompt tokens reused")
+    ax2.set_title("reuse per tier")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 def run_demo(a: argparse.Namespace) -> int:
@@ -102,18 +138,30 @@ def run_demo(a: argparse.Namespace) -> int:
     if path is None:
         tmp = tempfile.TemporaryDirectory(prefix="radixtier-demo-")
         path = os.path.join(tmp.name, "namespace.img")
+    if not a.hicache_ratio > 0:
+        print(f"radixtier demo: --hicache-ratio: expected a positive number, got {a.hicache_ratio}", file=sys.stderr)
+        return 2
     workloads = _workloads(a)
+    prefill_tps, prefill_fixed, prefix_cost = measure_prefill(model)
     print(f"radixtier demo: toy Llama '{a.model}' on {model.device} ({model.kv_bytes_per_token} KV bytes/token), "
           f"page {a.page_size} tokens = {page_bytes} bytes")
     print(f"tier 3: {path} (embedded: file namespace + in-process index)")
-    report: Dict[str, object] = {"model": a.model, "page_bytes": page_bytes, "workloads": {}}
+    tier_gbps = measure_read_gbps(os.path.dirname(os.path.abspath(path)), total_bytes=32 << 20,
+                                  page_bytes=page_bytes)
+    hw = MeasuredHardware(prefill_tps, prefill_fixed, prefix_cost, tier_gbps)
+    print(f"measured for the planner: prefill {prefill_tps:.0f} tokens/s + {prefill_fixed * 1e3:.1f} ms per request "
+          f"+ {prefix_cost * 1e6:.1f} us per reused token, tier-3 verified reads {tier_gbps:.2f} GB/s")
+    report: Dict[str, object] = {"model": a.model, "page_bytes": page_bytes, "workloads": {},
+                                 "measured": {"prefill_tps": prefill_tps, "prefill_overhead_s": prefill_fixed,
+                                              "prefix_cost_s_per_token": prefix_cost, "tier_gbps": tier_gbps}}
     rows = []
     total = 2 * sum(len(s) for w in workloads.values() for s in w)
     bar = tqdm(total=total, desc="serving", unit="req", file=sys.stderr)
     try:
         for wname, sessions in workloads.items():
             auto, working = tier_sizes(sessions, a.page_size)
-            device_pages, host_pages = a.device_pages or auto, a.host_pages or auto
+            device_pages = a.device_pages or auto
+            host_pages = a.host_pages or max(1, int(round(a.hicache_ratio * device_pages)))
             tqdm.write(f"{wname}: working set {working} pages; device {device_pages}, host {host_pages} pages",
                        file=sys.stderr)
             per_path: Dict[str, Dict[str, object]] = {}
@@ -135,6 +183,8 @@ def run_demo(a: argparse.Namespace) -> int:
                 results, wall = serve(model, path_impl, sessions, a.concurrency, on_done=lambda r: bar.update(1),
                                       prefetch_window=1)
                 s = summarize(results, wall)
+                s["ttft_mean_predicted_s"] = predicted_mean_ttft(results, hw, model.kv_bytes_per_token, a.concurrency)
+                s["reuse_by_tier"] = reuse_by_tier(s)
                 if cache is not None:
                     s["cache"] = cache.stats()
                     cache.close()
@@ -157,16 +207,29 @@ def run_demo(a: argparse.Namespace) -> int:
         if tmp is not None:
             tmp.cleanup()
     print()
-    print(f"{'workload':16s} {'path':10s} {'reqs':>4s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'req/s':>6s} "
-          f"{'reused':>6s}  tiers (reused tokens)")
+    print(f"{'workload':16s} {'path':10s} {'reqs':>4s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'mean':>7s} {'planner':>8s} "
+          f"{'error':>6s} {'req/s':>6s} {'reused':>6s} {'device':>6s} {'host':>6s} {'tier 3':>6s}")
+    errors = []
     for wname, pname, s in rows:
+        err = s["ttft_mean_predicted_s"] / s["ttft_mean_s"] - 1
+        errors.append(err)
+        rb = s["reuse_by_tier"]
         print(f"{wname:16s} {pname:10s} {s['requests']:4d} {s['ttft_p50_s'] * 1e3:7.0f}ms {s['ttft_p99_s'] * 1e3:7.0f}ms "
-              f"{s['throughput_rps']:6.2f} {100 * s['hit_rate']:5.1f}%  {_fmt_tiers(s['hit_tokens_by_tier'])}")
+              f"{s['ttft_mean_s'] * 1e3:5.0f}ms {s['ttft_mean_predicted_s'] * 1e3:6.0f}ms {100 * err:+5.0f}% "
+              f"{s['throughput_rps']:6.2f} {100 * s['hit_rate']:5.1f}% {100 * rb['device']:5.1f}% "
+              f"{100 * rb['host']:5.1f}% {100 * rb['storage']:5.1f}%")
+    print("(mean: measured mean TTFT; planner: `radixtier plan`'s model fed this run's measured prefill rate, "
+          "tier-3 bandwidth, concurrency and reuse; error: planner / measured - 1; reuse columns: share of "
+          "prompt tokens each tier served)")
+    report["planner_error"] = {"max_abs": max(abs(e) for e in errors) if errors else None, "errors": errors}
     print()
     for wname, w in report["workloads"].items():
         sp = w["radixtier_vs_recompute"]
         print(f"{wname}: radixtier TTFT p50 {sp['ttft_p50_speedup']:.1f}x faster, p99 {sp['ttft_p99_speedup']:.1f}x, "
               f"throughput {sp['throughput_gain']:.2f}x vs recompute; first tokens identical {sp['first_tokens_identical']}")
+    if a.png:
+        _plot(rows, a.png)
+        print(f"plot written to {a.png}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2, default=str)

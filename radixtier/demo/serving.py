@@ -243,7 +243,7 @@ def summarize(results: List[RequestResult], wall: float) -> Dict[str, object]:
         for k, v in r.hits.items():
             by_tier[k] = by_tier.get(k, 0) + v
     return {
-        "requests": len(results), "wall_s": wall,
+        "requests": len(results), "wall_s": wall, "prompt_tokens": prompt,
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "throughput_rps": len(results) / wall if wall else 0.0,
