@@ -93,48 +93,42 @@ static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t len) {
 #if defined(__x86_64__)
 #include <nmmintrin.h>
 
+/* Three crc32q streams over consecutive `block`-byte thirds, joined by shifting (zero-appending)
+ * the earlier ones: three independent dependency chains keep the CRC unit busy. */
+__attribute__((target("sse4.2"))) static inline uint64_t interleave3(uint64_t c0, const unsigned char **pp,
+                                                                      size_t *len, size_t block,
+                                                                      uint32_t zeros[][256]) {
+    const unsigned char *p = *pp;
+    while (*len >= 3 * block) {
+        const unsigned char *end = p + block;
+        uint64_t c1 = 0, c2 = 0;
+        do {
+            uint64_t a, b, d;
+            memcpy(&a, p, 8);
+            memcpy(&b, p + block, 8);
+            memcpy(&d, p + 2 * block, 8);
+            c0 = _mm_crc32_u64(c0, a);
+            c1 = _mm_crc32_u64(c1, b);
+            c2 = _mm_crc32_u64(c2, d);
+            p += 8;
+        } while (p < end);
+        c0 = shift(zeros, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift(zeros, (uint32_t)c0) ^ (uint32_t)c2;
+        p += 2 * block;
+        *len -= 3 * block;
+    }
+    *pp = p;
+    return c0;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t len) {
-    uint64_t c0 = crc ^ 0xffffffffu, c1, c2;
+    uint64_t c0 = crc ^ 0xffffffffu;
     while (len && ((uintptr_t)p & 7)) {
         c0 = _mm_crc32_u8((uint32_t)c0, *p++);
         len--;
     }
-    while (len >= 3 * LONG_BLOCK) {
-        const unsigned char *end = p + LONG_BLOCK;
-        c1 = c2 = 0;
-        do {
-            uint64_t a, b, d;
-            memcpy(&a, p, 8);
-            memcpy(&b, p + LONG_BLOCK, 8);
-            memcpy(&d, p + 2 * LONG_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            p += 8;
-        } while (p < end);
-        c0 = shift(zeros_long, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift(zeros_long, (uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * LONG_BLOCK;
-        len -= 3 * LONG_BLOCK;
-    }
-    while (len >= 3 * SHORT_BLOCK) {
-        const unsigned char *end = p + SHORT_BLOCK;
-        c1 = c2 = 0;
-        do {
-            uint64_t a, b, d;
-            memcpy(&a, p, 8);
-            memcpy(&b, p + SHORT_BLOCK, 8);
-            memcpy(&d, p + 2 * SHORT_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            p += 8;
-        } while (p < end);
-        c0 = shift(zeros_short, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift(zeros_short, (uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * SHORT_BLOCK;
-        len -= 3 * SHORT_BLOCK;
-    }
+    c0 = interleave3(c0, &p, &len, LONG_BLOCK, zeros_long);
+    c0 = interleave3(c0, &p, &len, SHORT_BLOCK, zeros_short);
     while (len >= 8) {
         uint64_t a;
         memcpy(&a, p, 8);

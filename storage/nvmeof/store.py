@@ -711,14 +711,7 @@ class NvmeofPageStore:
                 if g:
                     ok[i] = True
                     continue
-                cur = self._index.get(key)
-                if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] \
-                        and not self._readers.get(key):
-                    self._drop(key)  # proven bad: free the slot so it is never read again
-                    self._set_entry(s[SLOT], None)
-                    self._free.append(s[SLOT])
-                    self._evicted.append(key)
-                    blocks.append(self._entry_block(s[SLOT]))
+                self._free_unproven(key, s, blocks)
         if blocks:
             self._flush_table_logged(blocks)
         return ok
@@ -785,15 +778,21 @@ class NvmeofPageStore:
                 self._count_failure(st)
                 log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
                             self.path, s[SLOT], key.hex(), _FAILURE.get(st, "torn, stale or corrupt"))
-                cur = self._index.get(key)
-                if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] and not self._readers.get(key):
-                    self._drop(key)
-                    self._set_entry(s[SLOT], None)
-                    self._free.append(s[SLOT])
-                    self._evicted.append(key)
-                    blocks.append(self._entry_block(s[SLOT]))
+                self._free_unproven(key, s, blocks)
         if blocks:
             self._flush_table_logged(blocks)
+
+    def _free_unproven(self, key: bytes, s: _Slot, blocks: List[int]) -> None:
+        """A page that failed proof leaves the index and its slot is freed, so it is never read
+        again -- unless the key moved on meanwhile (rewritten) or another reader holds it (called
+        under the lock; the table blocks to flush are appended to `blocks`)."""
+        cur = self._index.get(key)
+        if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] and not self._readers.get(key):
+            self._drop(key)
+            self._set_entry(s[SLOT], None)
+            self._free.append(s[SLOT])
+            self._evicted.append(key)
+            blocks.append(self._entry_block(s[SLOT]))
 
     def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
         """Read a page any node wrote in this namespace, by (slot, generation), verified."""
