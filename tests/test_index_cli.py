@@ -51,6 +51,7 @@ def test_status_shows_live_and_dead_nodes_and_gc_removes_the_dead(redis_server, 
     assert rows["node-a"]["alive"] and rows["node-a"]["pages"] == 10 and rows["node-a"]["chains"] == 2
     assert rows["node-a"]["last_heartbeat_s_ago"] < 1.0 and rows["node-a"]["redis_bytes"] > 0
     assert not rows["node-b"]["alive"] and rows["node-b"]["pages"] == 3 and rows["node-b"]["chains"] == 1
+    assert 1.0 <= rows["node-b"]["last_heartbeat_s_ago"] < 30  # known after its heartbeat key expired
     assert rows["node-a"]["rejected_entries"] == 0
     assert "radixtier-admin" not in rows  # the tool never joins the fleet
     out = run_json(capsys, "index", "gc", "--url", redis_server.url, "--namespace", "ops")

@@ -181,6 +181,13 @@ def _beat_time(beat) -> Optional[float]:
         return None
 
 
+def _float(v) -> Optional[float]:
+    try:
+        return float(_text(v)) if v is not None else None
+    except ValueError:
+        return None
+
+
 def _is_hex(v: str, n: int) -> bool:
     return len(v) == n and all(c in "0123456789abcdef" for c in v)
 
@@ -601,15 +608,16 @@ class RedisPrefixIndex:
                 break
         nodes.sort()
         beats = w.call(lambda c: c.mget([self._node_key(n) for n in nodes])) if nodes else []
+        last = w.call(lambda c: c.hmget(f"{self._prefix}:{{nodes}}:beats", nodes)) if nodes else []
         rows = []
         now = time.time()
-        for node, beat in zip(nodes, beats):
+        for node, beat, seen in zip(nodes, beats, last):
             owned = self._owned_key(node)
             roots: Dict[str, int] = {}
             for _key, root in w.call(lambda c, o=owned: list(c.hscan_iter(o, count=1000))):
                 roots[_text(root)] = roots.get(_text(root), 0) + 1
             mem = self._memory_of(owned, [self._log_key(bytes.fromhex(r), node) for r in roots if _is_hex(r, 32)])
-            beat_at = _beat_time(beat)
+            beat_at = _beat_time(beat) or _float(seen)
             row = {"node": node, "alive": beat is not None,
                    "last_heartbeat_s_ago": None if beat_at is None else round(max(0.0, now - beat_at), 1),
                    "pages": sum(roots.values()), "chains": len(roots), "redis_bytes": mem}
@@ -724,9 +732,10 @@ class RedisPrefixIndex:
             pipe = self._pipeline(client)
             pipe.set(self._node_key(cfg.node_id), payload, px=int(cfg.node_ttl_s * 1000), get=True)
             pipe.sadd(f"{self._prefix}:{{nodes}}:all", cfg.node_id)
+            pipe.hset(f"{self._prefix}:{{nodes}}:beats", cfg.node_id, f"{time.time():.3f}")  # outlives the TTL
             return pipe.execute()
 
-        old, _ = self._writer.call(beat)
+        old, _, _ = self._writer.call(beat)
         if was_down:
             self._count("reconnects")
             log.warning("radixtier: prefix index %s reachable again; re-publishing local pages", cfg.url)
@@ -966,6 +975,7 @@ class RedisPrefixIndex:
         idle = [n for n, h in zip(nodes, has) if not h]
         if idle:
             self._writer.call(lambda c: c.srem(all_key, *idle))
+            self._writer.call(lambda c: c.hdel(f"{self._prefix}:{{nodes}}:beats", *idle))
         return sum(self._collect_node(n) for n, h in zip(nodes, has) if h)
 
     def _collect_node(self, node: str, batch: int = 1000) -> int:
@@ -987,6 +997,7 @@ class RedisPrefixIndex:
             pipe = self._pipeline(client)
             pipe.delete(owned)
             pipe.srem(f"{self._prefix}:{{nodes}}:all", node)
+            pipe.hdel(f"{self._prefix}:{{nodes}}:beats", node)
             return pipe.execute()
 
         self._writer.call(forget)
