@@ -37,7 +37,7 @@ def measure_prefill(model: ToyLlama, sizes=(128, 1024), reps: int = 5) -> tuple:
     suffix run with and without a prefix of the larger size."""
     times = [_median_time(lambda n=n: model.prefill(list(range(1, n + 1))), reps) for n in sizes]
     per_token = max(1e-9, (times[1] - times[0]) / (sizes[1] - sizes[0]))
-    prompt = list(range(1, sizes[1] + 65))
+    prompt = list(range(1, sizes[1] + 129))  # a 128-token suffix, about what the demo's turns add
     _first, pages = model.prefill(prompt[:sizes[1]])
     prefix = pages[: sizes[1] // model.page_size]
     with_prefix = _median_time(lambda: model.prefill(prompt, prefix), reps)
