@@ -120,7 +120,9 @@ def predict(geom: KVGeometry, inp: Inputs) -> Dict[str, object]:
             "network" if path == "tiered_nvmeof" and inp.net_gbps < inp.tier_gbps else "storage bandwidth")
         r["bottleneck"] = limit
         out[path] = r
-    breakeven = kvb * inp.prefill_tps / 1e9  # GB/s at which reloading a token costs what computing it does
+    # GB/s at which reloading a token costs what computing it does (net of what reusing it costs)
+    net = 1.0 / inp.prefill_tps - inp.prefix_cost_s_per_token
+    breakeven = kvb / net / 1e9 if net > 0 else float("inf")
     rec, tier, local = out["recompute"], out["tiered_nvmeof"], out["local_nvme"]
     return {"kv_bytes_per_token": kvb, "attention": geom.attention, "inputs": asdict(inp), "paths": out,
             "breakeven_gbps": breakeven,

@@ -182,3 +182,19 @@ def test_large_pages_of_many_segments_round_trip_and_stay_proven(tmp_path, direc
     assert s.get([key(i) for i in range(n)], out) == [True, True, False, True]
     assert s.counters.corrupt_checksum == 1
     s.close()
+
+
+def test_a_read_the_ring_never_ran_is_a_miss_and_keeps_the_page(tmp_path, monkeypatch):
+    """Status 4 (the I/O ring failed before the read ran) proves nothing bad about the page: it is
+    a miss, counted as an I/O error, and the page stays indexed for the next read."""
+    s = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=4 << 20, io_engine="io_uring")
+    assert all(s.put([key(1), key(2)], [content(1), content(2)]).ok)
+    real = s._engine.read_pages
+    monkeypatch.setattr(s._engine, "read_pages", lambda batch, fd, d, sb, u, plan, c, direct:
+                        (b"\x00" + b"\x04" * (len(plan) - 1), 11))
+    out = [torch.zeros(PAGE, dtype=torch.uint8) for _ in range(2)]
+    assert s.get([key(1), key(2)], out) == [True, False]
+    assert s.counters.io_errors == 1 and s.counters.corrupt == 0 and s.exists([key(2)]) == [True]
+    monkeypatch.setattr(s._engine, "read_pages", real)
+    assert s.get([key(2)], out[1:]) == [True] and torch.equal(out[1], content(2))
+    s.close()

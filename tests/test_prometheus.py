@@ -89,11 +89,18 @@ def test_sglang_multiprocess_mode_reaches_sglang_metrics(tmp_path):
     script = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {HERE!r})
-        from test_sglang_plugin import attach, chain_keys, make_host_pool, slots, scramble
-        from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+        import dataclasses
+        from test_sglang_plugin import chain_keys, make_host_pool, slots, scramble, storage_config
+        from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo, PoolName
+        from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
         host = make_host_pool("page_first")
-        b = attach(host, {{"path": {str(tmp_path / 'ns.img')!r}, "capacity": "64MiB", "node_id": "node-m",
-                           "interface_v1": 1, "prometheus": True}})
+        cfg = storage_config({{"path": {str(tmp_path / 'ns.img')!r}, "capacity": "64MiB", "node_id": "node-m",
+                              "interface_v1": 1}})
+        cfg = dataclasses.replace(cfg, enable_storage_metrics=True)  # what SGLang's --enable-metrics sets
+        b = StorageBackendFactory.create_backend("dynamic", cfg, host)
+        b.register_mem_pool_host(host)
+        b.register_mem_host_pool_v2(host, PoolName.KV)
+        b.on_host_pools_registered()
         keys = chain_keys(6)
         info = HiCacheStorageExtraInfo(prefix_keys=[])
         assert all(b.batch_set_v1(keys, slots(0, 6), info))

@@ -68,8 +68,8 @@ def test_chain_lookup_returns_leading_run_in_one_round_trip(redis_server):
     assert len(a.lookup(keys[0], keys, exclude_self=False)) == 6
     # all keys of one chain share one cluster hash slot
     raw = redis.Redis.from_url(redis_server.url)
-    names = [n.decode() for n in raw.keys(f"radixtier:test:{{{keys[0].hex()}}}:*")]
-    assert sorted(n.split("}:", 1)[1] for n in names) == ["c:node-a", "h", "r"]  # A's log, the holders, page 0's root pointer
+    names = [n.decode() for n in raw.keys("radixtier:test:{*}:p:*")]
+    assert len(names) == 9 and len({n[n.index("{"):n.index("}") + 1] for n in names}) == 1
     from redis.crc import key_slot
 
     assert len({key_slot(n.encode()) for n in names}) == 1
@@ -81,9 +81,11 @@ def test_chain_lookup_returns_leading_run_in_one_round_trip(redis_server):
 
 
 def test_malformed_records_are_rejected(redis_server):
-    """Log entries that do not make sense (version, tier, generation, length) are rejected by the
-    client and counted, never used; a log cut mid-entry loses only the partial entry."""
+    """Entries that do not make sense (version, tier, generation, length) are rejected by the
+    client and counted, never used; a value that is not whole entries ends the run there."""
     import struct
+
+    from radixtier.storage.index.records import node_field
 
     a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
     keys = [k(i) for i in range(3)]
@@ -91,18 +93,20 @@ def test_malformed_records_are_rejected(redis_server):
     assert a.flush()
     assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 3)
     raw = redis.Redis.from_url(redis_server.url)
-    log_key = a._log_key(keys[0], "node-a")
-    good = [encode_record(rec("node-a", i)) for i in range(3)]
-    for bad in (b"\x09" + good[1][1:],  # unknown version
-                good[1][:1] + b"\x07" + good[1][2:],  # unknown tier
-                good[1][:28] + struct.pack("<Q", 0) + good[1][36:],  # generation 0
-                good[1][:36] + struct.pack("<I", 0) + good[1][40:]):  # length 0
+    page1 = a._page_key(keys[0], keys[1])
+    good = encode_record(rec("node-a", 1))
+    for bad in (b"\x09" + good[1:],  # unknown version
+                good[:1] + b"\x07" + good[2:],  # unknown tier
+                good[:28] + struct.pack("<Q", 0) + good[36:],  # generation 0
+                good[:36] + struct.pack("<I", 0) + good[40:]):  # length 0
         before = b.counters["rejected_records"]
-        raw.set(log_key, keys[0] + good[0] + keys[1] + bad + keys[2] + good[2])
+        raw.set(page1, node_field("node-a") + bad)
         assert len(b.lookup(keys[0], keys)) == 1  # the run stops at the bad page
         assert len(b.lookup_locations(keys[0], keys, NS_UUID)) == 1
         assert b.counters["rejected_records"] > before
-    raw.set(log_key, b"".join(key + g for key, g in zip(keys, good)) + b"\xc1 cut")
+    raw.set(page1, b"\xc1 not entries")
+    assert len(b.lookup(keys[0], keys)) == 1
+    raw.set(page1, node_field("node-a") + good)
     assert len(b.lookup(keys[0], keys)) == 3
     a.close(), b.close()
 
@@ -117,7 +121,7 @@ def test_dead_node_records_stop_being_served_and_are_collected(redis_server):
     a._worker.join()
     assert wait_for(lambda: b.lookup(keys[0], keys) == [], timeout=5)
     raw = redis.Redis.from_url(redis_server.url)
-    assert wait_for(lambda: not raw.keys("radixtier:test:{*}:c:*"), timeout=5)  # garbage-collected by B
+    assert wait_for(lambda: not raw.keys("radixtier:test:{*}:p:*"), timeout=5)  # garbage-collected by B
     assert b.counters["gc_removed"] == 4
     b.close()
 
@@ -319,7 +323,7 @@ def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path
         assert sum(1 for n in per_shard if n > 0) >= 2, per_shard  # chains spread over shards
         c = index(url, "node-c", cluster=True, lookup_timeout_s=0.1)
         ch = chains[0]
-        shard = next(s for s in servers if redis.Redis(port=s.port).keys(f"radixtier:test:{{{ch[0].hex()}}}:h"))
+        shard = next(s for s in servers if redis.Redis(port=s.port).keys(f"radixtier:test:{{{ch[0].hex()}}}:p:*"))
         assert wait_for(lambda: len(c.lookup(ch[0], ch)) == 8)
         with shard.paused():  # one shard stalls: redis-py's own retries (each a timeout) must not run
             t = time.monotonic()
@@ -363,9 +367,8 @@ def test_publish_then_unpublish_in_one_batch_leaves_nothing(redis_server):
     key = k(500)
     a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,))])  # one drained batch
     raw, owned = _raw_keys(redis_server.url, "node-a")
-    assert not raw.exists(a._log_key(key, "node-a"))  # compacted away: nothing published remains
-    assert not raw.sismember(a._holders_key(key), "node-a")
-    assert raw.hlen(owned) == 0
+    assert not raw.exists(a._page_key(key, key))  # nothing published remains
+    assert not raw.exists(a._root_ptr_key(key)) and raw.hlen(owned) == 0
     a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,)), ("pub", (key, key, rec("node-a", 2)))])
     assert [r[0].location.slot for r in b.lookup(key, [key])] == [2]
     assert raw.hget(owned, key.hex()) == key.hex().encode()
@@ -425,17 +428,17 @@ def test_server_errors_during_lookup_mean_redis_is_down(redis_server, reply):
     keys = [k(700 + i) for i in range(2)]
     b.publish(keys[0], keys, [rec("node-b", i) for i in range(2)])
     assert b.flush()
-    real, calls = b._eval_lookup, [0]
+    real, calls = b._fetch_values, [0]
 
-    def failing(client, names, me):
+    def failing(client, names):
         calls[0] += 1
         raise BaseParser.parse_error(reply)  # exactly what redis-py raises for that server reply
 
-    b._eval_lookup = failing
+    b._fetch_values = failing
     assert b.lookup(keys[0], keys, exclude_self=False) == []  # no exception reaches the caller
     assert not b.up and b.counters["lookup_failures"] == 1
     assert b.lookup(keys[0], keys, exclude_self=False) == [] and calls[0] == 1  # backing off: Redis not asked
-    b._eval_lookup = real
+    b._fetch_values = real
     assert wait_for(lambda: len(b.lookup(keys[0], keys, exclude_self=False)) == 2)
     assert b.up
     b.close()

@@ -142,7 +142,7 @@ class RadixTierStorage(HiCacheStorage):
                     store.close()
                     raise
                 self._publisher = Publisher(store, self._index)
-                if self.storage_config.enable_storage_metrics or self.config.prometheus:
+                if self.storage_config.enable_storage_metrics:  # SGLang's --enable-metrics
                     # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
                     self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
                 self._store = store

@@ -67,7 +67,6 @@ class BackendConfig:
     coalesce_bytes: int = 1 << 20
     lease_s: float = 15.0               # partition lease on the device; renewed every lease_s / 4
     force_takeover: bool = False        # take a partition whose lease another host still renews
-    prometheus: bool = False            # radixtier: metrics on SGLang's /metrics even without --enable-metrics
 
     @classmethod
     def keys(cls) -> frozenset:

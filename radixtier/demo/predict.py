@@ -53,7 +53,7 @@ def predicted_mean_ttft(results: List[RequestResult], hw: MeasuredHardware, kv_b
                  tier_gbps=hw.tier_gbps)
     steps, fills = [], []
     for r in results:
-        load = r.hits.get("storage", 0) * kv_bytes_per_token / (hw.tier_gbps * 1e9)
+        load = (r.hits.get("storage", 0) + r.hits.get("remote", 0)) * kv_bytes_per_token / (hw.tier_gbps * 1e9)
         c = request_ttft(r.prompt_tokens - r.reused_tokens, load, inp, r.reused_tokens)
         steps.append(max(c["compute_s"], c["load_s"]))
         fills.append(c["compute_s"] + c["load_s"])

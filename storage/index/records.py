@@ -34,11 +34,21 @@ TIERS = (STORAGE_TIER, HOST_TIER)
 _TIER_CODE = {STORAGE_TIER: 0, HOST_TIER: 1}
 _REC = struct.Struct("<BBH16sQQIII")
 assert _REC.size == RECORD_BYTES
-ENTRY_BYTES = 16 + RECORD_BYTES  # a chain log entry: the page key, then its record
-TOMBSTONE = bytes(RECORD_BYTES)  # version 0: the page was unpublished (a later entry may publish it again)
-LOG_DTYPE = np.dtype({"names": ["key", "v", "tier", "rsv", "ns", "slot", "gen", "len", "crc"],
-                      "formats": ["V16", "u1", "u1", "<u2", "V16", "<u8", "<u8", "<u4", "<u4"],
-                      "offsets": [0, 16, 17, 18, 20, 36, 44, 52, 56], "itemsize": ENTRY_BYTES})
+NODE_FIELD_BYTES = 48  # a node id (at most 48 bytes, storage/validate.py), NUL-padded
+ENTRY_BYTES = NODE_FIELD_BYTES + RECORD_BYTES  # one holder of a page: node id, then its record
+MAX_HOLDERS = 16  # entries a page's value keeps (writers replace the oldest beyond this)
+ENTRY_DTYPE = np.dtype({"names": ["node", "v", "tier", "rsv", "ns", "slot", "gen", "len", "crc"],
+                        "formats": ["V48", "u1", "u1", "<u2", "V16", "<u8", "<u8", "<u4", "<u4"],
+                        "offsets": [0, 48, 49, 50, 52, 68, 76, 84, 88], "itemsize": ENTRY_BYTES})
+
+
+def node_field(node: str) -> bytes:
+    """A node id as it sits in a page's value: UTF-8, NUL-padded to NODE_FIELD_BYTES."""
+    raw = node.encode()
+    if not 0 < len(raw) <= NODE_FIELD_BYTES:
+        raise ValueError(f"node_id: {node!r} does not fit {NODE_FIELD_BYTES} bytes")
+    return raw.ljust(NODE_FIELD_BYTES, b"\0")
+
 
 class RecordError(ValueError):
     """A record that does not decode or does not make sense; it is ignored, never used."""
@@ -66,136 +76,75 @@ def decode_record(raw: bytes, field_node: str) -> PageRecord:
     return PageRecord(field_node, TIERS[tier], PageLocation(ns.hex(), slot, gen, length, crc))
 
 
-class _HolderLog:
-    """One node's log for one chain, reduced (on first use) to its latest entry per page. A lookup
-    walks holders in order and stops at the first that has a page, so usually only one is decoded."""
+class PageHolders:
+    """The leading run of a chain as one MGET returned it (one value per page: its holders'
+    entries), checked in bulk: entries that do not make sense are counted (`rejected`) and never
+    used; dead nodes' and the caller's own entries are not found. Python objects are built only
+    for what a caller asks for."""
 
-    __slots__ = ("node", "rows", "_where", "_good", "rejected")
-
-    def __init__(self, node: str, blob: bytes) -> None:
-        self.node = node
-        self.rows = np.frombuffer(blob, dtype=LOG_DTYPE, count=len(blob) // ENTRY_BYTES)
-        self._where = None
-        self._good = None
-        self.rejected = 0
-
-    @property
-    def where(self) -> dict:
-        if self._where is None:
-            rows = self.rows
-            n = len(rows)
-            self._where = dict(zip(rows["key"].tolist(), range(n)))  # later entries overwrite: the latest wins
-            valid = (rows["v"] == RECORD_VERSION) & (rows["tier"] <= 1) & (rows["rsv"] == 0) & \
-                    (rows["gen"] >= 1) & (rows["len"] >= 1)
-            self._good = valid
-            latest = np.zeros(n, dtype=bool)
-            latest[list(self._where.values())] = True
-            self.rejected = int(np.count_nonzero(latest & ~valid & (rows["v"] != 0)))
-        return self._where
-
-    @property
-    def good(self) -> np.ndarray:
-        self.where
-        return self._good
-
-
-class ChainLogs:
-    """A chain's holders as one lookup returned them (node, log bytes), checked in bulk: entries that
-    do not make sense are counted (`rejected`, over the holders a lookup had to read) and never used;
-    unpublished pages (tombstones) and pages of dead nodes are not found. Python objects are built
-    only for what a caller asks."""
-
-    def __init__(self, pairs: Sequence[Tuple[str, bytes]]) -> None:
-        self.holders = [_HolderLog(node, blob) for node, blob in pairs]
-        self.nodes = [h.node for h in self.holders]
-
-    @property
-    def rejected(self) -> int:
-        return sum(h.rejected for h in self.holders)
+    def __init__(self, values: Sequence[object], exclude: str = "") -> None:
+        run, sizes = 0, []
+        for v in values:
+            if not v or len(v) % ENTRY_BYTES or len(v) > ENTRY_BYTES * 4 * MAX_HOLDERS:
+                break  # absent, foreign or oversized: the chain's leading run ends here
+            sizes.append(len(v) // ENTRY_BYTES)
+            run += 1
+        blob = b"".join(values[:run])
+        self.rows = np.frombuffer(blob, dtype=ENTRY_DTYPE, count=len(blob) // ENTRY_BYTES)
+        self.page = np.repeat(np.arange(run), sizes)
+        self.pages = run
+        r = self.rows
+        valid = (r["v"] == RECORD_VERSION) & (r["tier"] <= 1) & (r["rsv"] == 0) & (r["gen"] >= 1) & (r["len"] >= 1)
+        self.rejected = int(len(r) - np.count_nonzero(valid))
+        nodes, self._node_ix = np.unique(r["node"], return_inverse=True) if len(r) else (np.zeros(0, "V48"), np.zeros(0, int))
+        self.nodes = [bytes(n).rstrip(b"\0").decode("utf-8", errors="replace") for n in nodes.tolist()]
+        mine = np.array([n == exclude for n in self.nodes] + [False], dtype=bool)[self._node_ix] if len(r) else \
+            np.zeros(0, dtype=bool)
+        self.ok = valid & ~mine
 
     def keep_nodes(self, live: Sequence[bool]) -> int:
-        """Forget holders not alive (live[i] for holder i); returns how many entries that ignored."""
-        dead = [h for h, ok in zip(self.holders, live) if not ok]
-        self.holders = [h for h, ok in zip(self.holders, live) if ok]
-        return sum(len(h.rows) for h in dead)
+        """Drop entries of nodes not alive (live[i] for nodes[i]); returns how many that ignored."""
+        alive = np.array(list(live) + [False], dtype=bool)[self._node_ix] if len(self.rows) else self.ok
+        dropped = int(np.count_nonzero(self.ok & ~alive))
+        self.ok &= alive
+        return dropped
 
-    def _run(self, keys: Sequence[bytes], usable) -> List[Tuple[_HolderLog, int]]:
-        """(holder, row) of the first holder with a usable entry, per page of the leading run;
-        usable(h) gives h's usable rows as a list of bools (built only for holders reached)."""
-        out: List[Tuple[_HolderLog, int]] = []
-        holders = self.holders
-        ready: list = []  # (where.get, usable list) of holders reached so far, in order
+    def _first(self, mask: np.ndarray) -> Tuple[int, np.ndarray]:
+        """(pages in the leading run with a usable entry, each such page's first usable entry)."""
+        first = np.full(self.pages + 1, -1, dtype=np.int64)
+        idx = np.nonzero(mask)[0]
+        if len(idx):
+            pages, at = np.unique(self.page[idx], return_index=True)
+            first[pages] = idx[at]
+        missing = np.nonzero(first[:self.pages] < 0)[0]
+        run = int(missing[0]) if len(missing) else self.pages
+        return run, first[:run]
 
-        def reach(j: int):
-            while len(ready) <= j:
-                h = holders[len(ready)]
-                ready.append((h, h.where.get, usable(h)))
-            return ready[j]
+    def run_length(self) -> int:
+        return self._first(self.ok)[0]
 
-        if not holders:
-            return out
-        h0, where0, ok0 = reach(0)
-        for key in keys:
-            i = where0(key)
-            if i is not None and ok0[i]:  # the usual case: the first holder has it
-                out.append((h0, i))
-                continue
-            for j in range(1, len(holders)):
-                h, where, ok = reach(j)
-                i = where(key)
-                if i is not None and ok[i]:
-                    out.append((h, i))
-                    break
-            else:
-                break
-        return out
-
-    def run_length(self, keys: Sequence[bytes]) -> int:
-        return len(self._run(keys, lambda h: h.good.tolist()))
-
-    def locations(self, keys: Sequence[bytes], namespace: str) -> List[LocationTuple]:
-        """Leading run of `keys` that a live holder has in tier 3 of `namespace`: one location each."""
+    def locations(self, namespace: str) -> List[LocationTuple]:
+        """Leading run of pages a live holder has in tier 3 of `namespace`: one location each."""
         ns = np.frombuffer(bytes.fromhex(namespace), dtype="V16")[0]
+        r = self.rows
+        run, rows = self._first(self.ok & (r["tier"] == 0) & (r["ns"] == ns)) if len(r) else (0, [])
+        sel = r[rows] if run else r[:0]
+        return list(zip([namespace] * run, sel["slot"].tolist(), sel["gen"].tolist(), sel["len"].tolist(),
+                        sel["crc"].tolist()))
 
-        def usable(h: _HolderLog) -> list:
-            r = h.rows
-            return (h.good & (r["tier"] == 0) & (r["ns"] == ns)).tolist()
-
-        run = self._run(keys, usable)
-        cols = {}
-        for h, _i in run:
-            if h.node not in cols:  # whole columns at once: no numpy scalar per page
-                r = h.rows
-                cols[h.node] = (r["slot"].tolist(), r["gen"].tolist(), r["len"].tolist(), r["crc"].tolist())
-        out: List[LocationTuple] = []
-        for h, i in run:
-            slot, gen, length, crc = cols[h.node]
-            out.append((namespace, slot[i], gen[i], length[i], crc[i]))
-        return out
-
-    def records(self, keys: Sequence[bytes]) -> List[List[PageRecord]]:
-        """Every usable holder of each page of the leading run, as records."""
-        run = self.run_length(keys)
+    def records(self, cap: int) -> List[List[PageRecord]]:
+        """Up to `cap` usable holders of each page of the leading run (a random sample when more
+        hold it), as records."""
+        run = self.run_length()
         out: List[List[PageRecord]] = [[] for _ in range(run)]
-        for h in self.holders:
-            where, good, r = h.where, h.good.tolist(), h.rows
-            ns, slot, gen, length, crc, tier = (r["ns"].tolist(), r["slot"].tolist(), r["gen"].tolist(),
-                                                r["len"].tolist(), r["crc"].tolist(), r["tier"].tolist())
-            for p, key in enumerate(keys[:run]):
-                i = where.get(key)
-                if i is not None and good[i]:
-                    out[p].append(PageRecord(h.node, TIERS[tier[i]],
-                                             PageLocation(ns[i].hex(), slot[i], gen[i], length[i], crc[i])))
+        r = self.rows
+        idx = np.nonzero(self.ok & (self.page < run))[0]
+        idx = idx[np.random.permutation(len(idx))]
+        ns, slot, gen, length, crc, tier = (r["ns"].tolist(), r["slot"].tolist(), r["gen"].tolist(),
+                                            r["len"].tolist(), r["crc"].tolist(), r["tier"].tolist())
+        for j in idx.tolist():
+            recs = out[int(self.page[j])]
+            if len(recs) < cap:
+                recs.append(PageRecord(self.nodes[int(self._node_ix[j])], TIERS[tier[j]],
+                                       PageLocation(ns[j].hex(), slot[j], gen[j], length[j], crc[j])))
         return out
-
-
-def live_entries(blob: bytes) -> Tuple[bytes, List[bytes], List[bytes]]:
-    """A chain log compacted: (the latest entry of each page still published, in log order; the
-    keys still published; the keys whose latest entry is a tombstone)."""
-    n = len(blob) // ENTRY_BYTES
-    rows = np.frombuffer(blob, dtype=LOG_DTYPE, count=n)
-    latest = dict(zip(rows["key"].tolist(), range(n)))
-    keep = sorted(i for i in latest.values() if rows["v"][i] != 0)
-    gone = [k for k, i in latest.items() if rows["v"][i] == 0]
-    return b"".join(blob[i * ENTRY_BYTES:(i + 1) * ENTRY_BYTES] for i in keep), \
-        [blob[i * ENTRY_BYTES:i * ENTRY_BYTES + 16] for i in keep], gone

@@ -2,20 +2,21 @@
 
 Key layout (prefix = "<key_prefix>:<namespace>"; root = the chain's page 0):
 
-    <prefix>:{<root>}:c:<node_id> STRING the node's log for the chain: 64-byte entries (page key +
-                                  48-byte record; a record of zeros unpublishes), appended on publish,
-                                  compacted by its owner; the latest entry of a page wins
-    <prefix>:{<root>}:h           SET of nodes with a log for the chain
+    <prefix>:{<root>}:p:<page>    STRING the page's holders: 96-byte entries (node id, NUL-padded to 48
+                                  bytes, then its 48-byte record; at most 16, writers replace the oldest)
     <prefix>:{<page>}:r           STRING the page's root (for lookups that do not know where the chain starts)
     <prefix>:{nodes}:n:<node_id>  STRING with TTL: the node's heartbeat (absent = dead)
     <prefix>:{nodes}:all          SET of node ids ever seen (for garbage collection)
+    <prefix>:{nodes}:beats        HASH node -> time of its last heartbeat (kept after the TTL key expires)
     <prefix>:{nodes}:gc           STRING NX lock: one collector at a time
     <prefix>:{o:<node_id>}        HASH page -> root: what the node published (for unpublish and GC)
 
-Why logs per chain and not a hash per page: a lookup then reads O(holders) keys, not O(pages) --
-a 512-page chain is one EVALSHA touching a handful of keys, decoded in bulk (a hash per page cost
-two server calls per page, ~1 ms of Lua for 512 pages, before any decoding). The hash tag on the
-chain root puts a whole chain in one Redis Cluster slot, while chains spread over shards.
+Why a packed value per page: a chain lookup is then one MGET (no script, one server call) whose
+cost grows with the chain's length only, decoded in bulk (numpy); a hash per page read through a
+Lua script cost two server calls per page (~1 ms for 512 pages), and one log per chain grew with
+everything a node ever held under a popular root. Writers change only their own entry, through a
+small script per page in a pipeline, off the serving path. The hash tag on the chain root puts a
+whole chain in one Redis Cluster slot (one MGET), while chains spread over shards.
 
 Serving never waits on Redis for writes (they go through a background queue) and waits at most
 `lookup_timeout_s` for a lookup; while Redis is down, lookups answer "nothing remote" at once,
@@ -41,44 +42,48 @@ from urllib.parse import parse_qs, urlparse
 from radixtier.storage import validate
 from radixtier.storage.api import PageRecord, Republisher
 from radixtier.storage.api import LocationTuple
-from radixtier.storage.index.records import ENTRY_BYTES, TOMBSTONE, ChainLogs, RecordError, encode_record, live_entries
+from radixtier.storage.index.records import (ENTRY_BYTES, MAX_HOLDERS, PageHolders, encode_record,
+                                             node_field)
 
 log = logging.getLogger("radixtier.storage.redis")
 
-# One round trip: the chain's holders (all when at most ARGV[1] + 1, else a random sample), the
-# caller (ARGV[3]) and overlong node ids left out, and of at most ARGV[1] of them the first ARGV[2]
-# bytes of their log (GETRANGE: bounded whatever is stored). Reply: {node, log, node, log, ...}.
-# The logs sit in the same slot as KEYS[1] (the chain root is their hash tag); ARGV[4] is their
-# name without the node id.
-_LOOKUP_LUA = """
-local cap = tonumber(ARGV[1])
-local maxbytes = tonumber(ARGV[2])
-local me = ARGV[3]
-local n = redis.call('SCARD', KEYS[1])
-if n == 0 then return {} end
-local nodes
-if n <= cap + 1 then nodes = redis.call('SMEMBERS', KEYS[1]) else nodes = redis.call('SRANDMEMBER', KEYS[1], cap + 1) end
-local out = {}
-local taken = 0
-for _, f in ipairs(nodes) do
-  if taken >= cap then break end
-  if f ~= me and #f <= 128 then
-    local v = redis.call('GETRANGE', ARGV[4] .. f, 0, maxbytes - 1)
-    if #v >= 64 then
-      out[#out + 1] = f
-      out[#out + 1] = v
-      taken = taken + 1
-    end
+# Writers' scripts, one page (KEYS[1]) each, so a pipeline of them stays within a Cluster slot per
+# chain. A value that is not whole entries, or is oversized, is foreign: it is replaced.
+_UPSERT_LUA = """
+local v = redis.call('GET', KEYS[1]) or ''
+local e = tonumber(ARGV[3])
+if #v % e ~= 0 or #v > e * 4 * tonumber(ARGV[4]) then v = '' end
+local me = ARGV[1]
+for i = 0, #v / e - 1 do
+  if string.sub(v, i * e + 1, i * e + #me) == me then
+    redis.call('SET', KEYS[1], string.sub(v, 1, i * e) .. me .. ARGV[2] .. string.sub(v, (i + 1) * e + 1))
+    return #v / e
   end
 end
-return out
+if #v / e >= tonumber(ARGV[4]) then v = string.sub(v, e + 1) end
+redis.call('SET', KEYS[1], v .. me .. ARGV[2])
+return #v / e + 1
 """
+_REMOVE_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local e = tonumber(ARGV[2])
+if #v % e ~= 0 then redis.call('DEL', KEYS[1]) return 0 end
+local me = ARGV[1]
+for i = 0, #v / e - 1 do
+  if string.sub(v, i * e + 1, i * e + #me) == me then
+    v = string.sub(v, 1, i * e) .. string.sub(v, (i + 1) * e + 1)
+    break
+  end
+end
+if #v == 0 then redis.call('DEL', KEYS[1]) return 0 end
+redis.call('SET', KEYS[1], v)
+return #v / e
+"""
+_LOOKUP_LUA = _UPSERT_LUA  # the ACL probe runs this one (EVAL/EVALSHA rights)
 
 _LOOKUP_SHA = __import__("hashlib").sha1(_LOOKUP_LUA.encode()).hexdigest()
 _BATCH_RETRIES = 20
-_LOG_MAX_BYTES = 1 << 20  # a lookup reads at most this much of each holder's chain log (16,384 pages)
-_COMPACT_SMALL = 64 << 10  # logs up to this size are compacted after every unpublish; larger ones once
-# tombstones make up half of them
 _ROOT_PTR_TTL_S = 7 * 24 * 3600  # refreshed by every publish (and republish) of the page  # a batch that fails this often in a row (not a connection loss) is dropped
 
 
@@ -320,8 +325,8 @@ class RedisPrefixIndex:
         self._live: Dict[str, Tuple[bool, float]] = {}  # node -> (alive, when read); bounded, see _liveness
         self._live_lock = threading.Lock()  # a leaf lock: held for dict updates only, never during I/O
         self._gc_cursor = 0
-        self._tombstones: Dict[bytes, int] = {}  # root -> tombstones in our log since its last compaction
-        self._script = None
+        self._me_field = node_field(cfg.node_id)
+        self._scripts: Dict[str, object] = {}  # name -> redis-py Script, registered on first use
         self._counters_lock = threading.Lock()
         self.counters = {"lookups": 0, "lookup_failures": 0, "chain_failures": 0, "rejected_records": 0,
                          "dead_records_ignored": 0,
@@ -401,16 +406,13 @@ class RedisPrefixIndex:
             ("HSET", lambda p: p.hset(h_key, self.node_id, "1")),
             ("HMGET", lambda p: p.hmget(h_key, [self.node_id])),
             ("HSCAN", lambda p: p.hscan(h_key, 0)),
-            ("APPEND", lambda p: p.append(s_key, "1")),
-            ("GETRANGE", lambda p: p.getrange(s_key, 0, 1)),
             ("SADD", lambda p: p.sadd(set_key, "x")),
-            ("SCARD", lambda p: p.scard(set_key)),
-            ("SMEMBERS", lambda p: p.smembers(set_key)),
-            ("SRANDMEMBER", lambda p: p.srandmember(set_key, 2)),
             ("SSCAN", lambda p: p.sscan(set_key, 0)),
-            ("EVAL", lambda p: p.eval(_LOOKUP_LUA, 1, set_key, 8, 64, "", f"{tag}:probe:")),
-            ("EVALSHA", lambda p: p.evalsha(_LOOKUP_SHA, 1, set_key, 8, 64, "", f"{tag}:probe:")),
             ("SREM", lambda p: p.srem(set_key, "x")),
+            ("SCRIPT", lambda p: p.script_load(_LOOKUP_LUA)),
+            ("EVAL", lambda p: p.eval(_LOOKUP_LUA, 1, s_key, self._me_field, bytes(48), ENTRY_BYTES, MAX_HOLDERS)),
+            ("EVALSHA", lambda p: p.evalsha(_LOOKUP_SHA, 1, s_key, self._me_field, bytes(48), ENTRY_BYTES,
+                                            MAX_HOLDERS)),
             ("HDEL", lambda p: p.hdel(h_key, self.node_id)),
             ("DEL", lambda p: p.delete(s_key, h_key, set_key)),
         ]
@@ -446,11 +448,8 @@ class RedisPrefixIndex:
             self.counters[name] += n
 
     # ---------------------------------------------------------------- keys
-    def _log_key(self, root: bytes, node: str) -> str:
-        return f"{self._prefix}:{{{root.hex()}}}:c:{node}"
-
-    def _holders_key(self, root: bytes) -> str:
-        return f"{self._prefix}:{{{root.hex()}}}:h"
+    def _page_key(self, root: bytes, key: bytes) -> str:
+        return f"{self._prefix}:{{{root.hex()}}}:p:{key.hex()}"
 
     def _root_ptr_key(self, key: bytes) -> str:
         """Where a page's chain root is recorded (the page itself is the hash tag: one slot)."""
@@ -479,37 +478,24 @@ class RedisPrefixIndex:
 
         root=None: the caller does not know where the chain starts (SGLang's prefetch passes only the
         anchor node's ancestors, or nothing, as prefix keys); the root is read from the first key's
-        root pointer first. Round trips: one EVALSHA with a known root, a GET and an EVALSHA without
+        root pointer first. Round trips: one MGET with a known root, a GET and an MGET without
         one, plus one MGET of heartbeats when the liveness cache (min(1 s, heartbeat_s)) is stale."""
         chain = self._chain(root, keys, exclude_self)
         if chain is None:
             return []
-        out = chain.records([bytes(k) for k in keys])
-        self._count_rejected(chain)
-        return out
+        return chain.records(self.config.lookup_max_holders)
 
     def lookup_locations(self, root: Optional[bytes], keys: Sequence[bytes], namespace: str) -> List[LocationTuple]:
         """The fast path of `lookup` for a reader of tier-3 namespace `namespace`: per page of the
         leading run, one location another live node holds there (decoded in bulk, no per-record
         objects). Same round trips as lookup()."""
         chain = self._chain(root, keys, True)
-        if chain is None:
-            return []
-        out = chain.locations([bytes(k) for k in keys], namespace)
-        self._count_rejected(chain)
-        return out
+        return [] if chain is None else chain.locations(namespace)
 
-    def _count_rejected(self, chain: ChainLogs) -> None:
-        n = chain.rejected
-        if n:
-            self._count("rejected_records", n)
-            log.debug("radixtier: ignored %d index entries that do not make sense", n)
-
-    def _chain(self, root: Optional[bytes], keys: Sequence[bytes], exclude_self: bool) -> Optional[ChainLogs]:
+    def _chain(self, root: Optional[bytes], keys: Sequence[bytes], exclude_self: bool) -> Optional[PageHolders]:
         if not keys:
             return None
         self._count("lookups")
-        me = self.node_id if exclude_self else ""
         try:
             if root is None:
                 found = self._reader.call(lambda c: c.get(self._root_ptr_key(bytes(keys[0]))), build=False,
@@ -517,11 +503,13 @@ class RedisPrefixIndex:
                 if found is None or len(found) != 16:
                     return None  # nobody published the first page (or the pointer is foreign)
                 root = bytes(found)
-            root = bytes(root)
-            raw = self._reader.call(lambda c: self._eval_lookup(c, root, me), build=False, chain=True)
-            if not isinstance(raw, list) or len(raw) % 2:
-                raise RecordError(f"lookup reply: expected node/log pairs, got {type(raw).__name__}")
-            chain = ChainLogs([(_text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)])
+            pre = f"{self._prefix}:{{{bytes(root).hex()}}}:p:"
+            names = [pre + k.hex() for k in keys]
+            values = self._reader.call(lambda c: self._fetch_values(c, names), build=False, chain=True)
+            chain = PageHolders(values or [], exclude=self.node_id if exclude_self else "")
+            if chain.rejected:
+                self._count("rejected_records", chain.rejected)
+                log.debug("radixtier: ignored %d index entries that do not make sense", chain.rejected)
             live = self._liveness(self._reader, chain.nodes)
             dead = chain.keep_nodes([live.get(n, False) for n in chain.nodes])
             if dead:
@@ -539,12 +527,9 @@ class RedisPrefixIndex:
             return None
         return chain
 
-    def _eval_lookup(self, client, root: bytes, me: str):
-        script = self._script
-        if script is None:
-            script = self._script = client.register_script(_LOOKUP_LUA)
-        return script(keys=[self._holders_key(root)],
-                      args=[self.config.lookup_max_holders, _LOG_MAX_BYTES, me, self._log_key(root, "")], client=client)
+    def _fetch_values(self, client, names: List[str]):
+        """The chain's page values: one MGET (one slot: the names share the root's hash tag)."""
+        return client.mget(names)
 
     def set_republisher(self, fn: Republisher) -> None:
         self._republish_fn = fn
@@ -614,15 +599,19 @@ class RedisPrefixIndex:
         for node, beat, seen in zip(nodes, beats, last):
             owned = self._owned_key(node)
             roots: Dict[str, int] = {}
-            for _key, root in w.call(lambda c, o=owned: list(c.hscan_iter(o, count=1000))):
+            pages: List[Tuple[str, str]] = []
+            for key, root in w.call(lambda c, o=owned: list(c.hscan_iter(o, count=1000))):
                 roots[_text(root)] = roots.get(_text(root), 0) + 1
-            mem = self._memory_of(owned, [self._log_key(bytes.fromhex(r), node) for r in roots if _is_hex(r, 32)])
+                pages.append((_text(key), _text(root)))
+            mem = self._memory_of(owned)
+            if mem is not None:
+                mem += len(pages) * ENTRY_BYTES  # its entries in the pages' shared values
             beat_at = _beat_time(beat) or _float(seen)
             row = {"node": node, "alive": beat is not None,
                    "last_heartbeat_s_ago": None if beat_at is None else round(max(0.0, now - beat_at), 1),
                    "pages": sum(roots.values()), "chains": len(roots), "redis_bytes": mem}
             if check:
-                row["rejected_entries"] = self._count_bad_entries(node, roots)
+                row["rejected_entries"] = self._count_bad_entries(node, pages)
             rows.append(row)
             if progress is not None:
                 progress(1)
@@ -632,30 +621,33 @@ class RedisPrefixIndex:
                 "nodes": rows, "live": sum(1 for r in rows if r["alive"]), "dead": sum(1 for r in rows if not r["alive"]),
                 "redis_used_memory_bytes": used}
 
-    def _memory_of(self, owned: str, logs: List[str]) -> Optional[int]:
-        """Bytes Redis reports for a node's keys (MEMORY USAGE); None where the server refuses it."""
-        def run(client):
-            pipe = self._pipeline(client)
-            for name in [owned] + logs:
-                pipe.memory_usage(name)
-            return pipe.execute(raise_on_error=False)
-
+    def _memory_of(self, owned: str) -> Optional[int]:
+        """Bytes Redis reports for a node's owned-pages hash (MEMORY USAGE); None where refused."""
         try:
-            return sum(v for v in self._writer.call(run) if isinstance(v, int))
+            v = self._writer.call(lambda c: c.memory_usage(owned))
+            return int(v) if v is not None else 0
         except Exception:
             return None
 
-    def _count_bad_entries(self, node: str, roots: Dict[str, int]) -> int:
+    def _count_bad_entries(self, node: str, pages: List[Tuple[str, str]], batch: int = 1000) -> int:
+        """Entries of `node` in its pages' values that a lookup would reject (or that are missing)."""
+        field = node_field(node) if 0 < len(node.encode()) <= 48 else b""
         bad = 0
-        for root_hex in roots:
-            if not _is_hex(root_hex, 32):
-                continue
-            blob = self._writer.call(lambda c, r=root_hex: c.getrange(self._log_key(bytes.fromhex(r), node), 0,
-                                                                      _LOG_MAX_BYTES - 1)) or b""
-            chain = ChainLogs([(node, blob)])
-            for h in chain.holders:
-                h.where  # decodes, counting entries that do not make sense
-            bad += chain.rejected
+        for i in range(0, len(pages), batch):
+            chunk = [(k, r) for k, r in pages[i:i + batch] if _is_hex(k, 32) and _is_hex(r, 32)]
+            bad += len(pages[i:i + batch]) - len(chunk)
+
+            def run(client, chunk=chunk):
+                pipe = self._pipeline(client)
+                for k, r in chunk:
+                    pipe.get(f"{self._prefix}:{{{r}}}:p:{k}")
+                return pipe.execute()
+
+            for value in self._writer.call(run):
+                holders = PageHolders([value or b""])
+                mine = [j for j, n in enumerate(holders.nodes) if n == node] if field else []
+                if not mine or holders.rejected:
+                    bad += 1
         return bad
 
     def collect_all_garbage(self) -> int:
@@ -827,96 +819,85 @@ class RedisPrefixIndex:
                 self._inflight_ops = 0
                 self._queue_cv.notify_all()
 
+    def _script(self, client, name: str):
+        """The writers' scripts, loaded on every primary before a pipeline names them by SHA (a
+        Cluster pipeline cannot load them on the way; a restarted Redis forgets them, see _run_scripted)."""
+        script = self._scripts.get(name)
+        if script is None:
+            script = client.register_script(_UPSERT_LUA if name == "upsert" else _REMOVE_LUA)
+            client.script_load(script.script)
+            self._scripts[name] = script
+        return script
+
+    def _run_scripts(self, client, calls: List[Tuple[str, str, list]]) -> list:
+        """Run the writers' scripts (name, page key, args), pipelined where the client allows it
+        (redis-py refuses scripts in a Cluster pipeline: there they run one by one, off the serving
+        path). A server that lost the scripts (restart) gets them again and the calls run once more."""
+        def once() -> list:
+            if self.config.cluster:
+                return [self._script(client, name)(keys=[key], args=args, client=client) for name, key, args in calls]
+            pipe = self._pipeline(client)
+            for name, key, args in calls:
+                self._script(client, name)(keys=[key], args=args, client=pipe)
+            return pipe.execute()
+
+        if not calls:
+            return []
+        try:
+            return once()
+        except self._redis.exceptions.NoScriptError:
+            self._scripts.clear()
+            return once()
+
     def _apply(self, ops: List[Tuple[str, tuple]]) -> None:
-        """One drained batch: each touched chain log gets one APPEND (records, or tombstones for
-        unpublished pages), in order; logs that gained tombstones are compacted after."""
+        """One drained batch: each op sets or removes our entry in one page's value (a script per
+        page, pipelined). An unpublished page's owned entry goes only once its value no longer holds
+        us: a batch that fails half-way (OOM, a shard down) is retried with its roots intact."""
         me = self.node_id
         owned = self._owned_key(me)
         roots = self._published_roots([args[0] for kind, args in ops if kind == "unpub"])
-        logs: Dict[bytes, List[bytes]] = {}  # root -> entries to append, in order
-        published: set = set()
-        removed: Dict[bytes, int] = {}  # root -> tombstones appended
-
+        steps: List[Tuple[str, bytes, Optional[bytes]]] = []  # (kind, key, root) in order
         for kind, args in ops:
             if kind == "pub":
-                root, key, rec = args
+                root, key, _rec = args
                 roots[key] = root  # a later unpublish in this batch must find this record
-                logs.setdefault(root, []).append(key + encode_record(rec))
-                published.add(root)
+                steps.append(("pub", key, root))
             else:
-                root = roots.pop(args[0], None)
-                if root is not None:
-                    logs.setdefault(root, []).append(args[0] + TOMBSTONE)
-                    removed[root] = removed.get(root, 0) + 1
-        order = list(logs)
+                steps.append(("unpub", args[0], roots.pop(args[0], None)))
+
+        calls: List[Tuple[str, str, list]] = []
+        for (kind, key, root), (_k, args) in zip(steps, ops):
+            if kind == "pub":
+                calls.append(("upsert", self._page_key(root, key),
+                              [self._me_field, encode_record(args[2]), ENTRY_BYTES, MAX_HOLDERS]))
+            elif root is not None:
+                calls.append(("remove", self._page_key(root, key), [self._me_field, ENTRY_BYTES]))
 
         def run(client):
+            replies = self._run_scripts(client, calls)
             pipe = self._pipeline(client)
-            for root in order:  # APPEND answers the log's new length, first in the replies
-                pipe.append(self._log_key(root, me), b"".join(logs[root]))
-            for root in order:
-                if root in published:
-                    pipe.sadd(self._holders_key(root), me)
-            for kind, args in ops:
+            for kind, key, root in steps:
                 if kind == "pub":
-                    root, key, _rec = args
                     # a page's root is a function of its content (chained hashes), the same for every
                     # node: the pointer is never wrong, only possibly stale, so it just expires
                     pipe.set(self._root_ptr_key(key), root, ex=_ROOT_PTR_TTL_S)
                     pipe.hset(owned, key.hex(), root.hex())
-                else:
-                    pipe.hdel(owned, args[0].hex())
-            return pipe.execute()
+            pipe.execute()
+            return replies
 
-        replies = self._writer.call(run)
-        for root, n in removed.items():
-            self._tombstones[root] = self._tombstones.get(root, 0) + n
-            size = replies[order.index(root)]
-            size = size if isinstance(size, int) else 0
-            if size <= _COMPACT_SMALL or 2 * self._tombstones[root] * ENTRY_BYTES >= size:
-                self._compact(root)
+        replies = iter(self._writer.call(run))
+        last: Dict[bytes, Tuple[str, object]] = {}  # key -> (its last op in this batch, that op's reply)
+        for kind, key, root in steps:
+            last[key] = (kind, next(replies) if kind == "pub" or root is not None else None)
+        unpub = [key for key, (kind, _r) in last.items() if kind == "unpub"]
+        orphans = [key for key in unpub if not last[key][1]]  # nobody holds it now (or it was never ours)
+        if unpub:
+            self._writer.call(lambda c: c.hdel(owned, *[key.hex() for key in unpub]))
+        if orphans:
+            self._writer.call(lambda c: self._delete_keys(c, [self._root_ptr_key(k) for k in orphans]))
         n_pub = sum(1 for k, _ in ops if k == "pub")
         self._count("published", n_pub)
         self._count("unpublished", len(ops) - n_pub)
-
-    def _compact(self, root: bytes) -> None:
-        """Rewrite our log for `root` with only the pages still published (we are its only writer:
-        this runs on the index's one writer thread). An empty log goes, with our holder entry; root
-        pointers of pages no other holder has go too."""
-        me = self.node_id
-        self._tombstones.pop(root, None)
-        name, holders = self._log_key(root, me), self._holders_key(root)
-        blob = self._writer.call(lambda c: c.get(name)) or b""
-        live, _kept, gone = live_entries(blob)
-
-        def rewrite(client):
-            pipe = self._pipeline(client)
-            if live:
-                pipe.set(name, live)
-            else:
-                pipe.delete(name)
-                pipe.srem(holders, me)
-            return pipe.execute()
-
-        self._writer.call(rewrite)
-        if gone:
-            self._drop_orphan_pointers(root, gone)
-
-    def _drop_orphan_pointers(self, root: bytes, keys: List[bytes]) -> None:
-        """Delete the root pointers of `keys` (unpublished by us under `root`) that no other holder's
-        log still publishes. Two steps (pointers and logs live in different Cluster slots): a page
-        published by another node in between loses its pointer until that node republishes; a
-        lookup without prefix keys misses it meanwhile, nothing worse."""
-        me = self.node_id
-        others = [n for n in (_text(m) for m in self._writer.call(lambda c: c.smembers(self._holders_key(root))))
-                  if n != me]
-        held: set = set()
-        for node in others:
-            blob = self._writer.call(lambda c, n=node: c.getrange(self._log_key(root, n), 0, _LOG_MAX_BYTES - 1))
-            held.update(live_entries(blob or b"")[1])
-        orphans = [k for k in keys if k not in held]
-        if orphans:
-            self._writer.call(lambda c: self._delete_keys(c, [self._root_ptr_key(k) for k in orphans]))
 
     def _delete_keys(self, client, names: List[str]):
         pipe = self._pipeline(client)  # one DEL per key: in a Cluster they sit in different slots
@@ -981,17 +962,16 @@ class RedisPrefixIndex:
     def _collect_node(self, node: str, batch: int = 1000) -> int:
         owned = self._owned_key(node)
         items = self._writer.call(lambda c: list(c.hscan_iter(owned, count=batch)))
-        roots = sorted({_text(r) for _k, r in items if _is_hex(_text(r), 32)})
-        for i in range(0, len(roots), batch):
-            def run(client, chunk=roots[i:i + batch]):
-                pipe = self._pipeline(client)
-                for root_hex in chunk:
-                    root = bytes.fromhex(root_hex)
-                    pipe.delete(self._log_key(root, node))
-                    pipe.srem(self._holders_key(root), node)
-                return pipe.execute()
+        pairs = [(_text(k), _text(r)) for k, r in items if _is_hex(_text(k), 32) and _is_hex(_text(r), 32)]
+        field = node_field(node) if 0 < len(node.encode()) <= 48 else None
+        for i in range(0, len(pairs) if field is not None else 0, batch):
+            chunk = pairs[i:i + batch]
 
-            self._writer.call(run)
+            left = self._writer.call(lambda c, chunk=chunk: self._run_scripts(
+                c, [("remove", f"{self._prefix}:{{{r}}}:p:{k}", [field, ENTRY_BYTES]) for k, r in chunk]))
+            orphans = [bytes.fromhex(k) for (k, _r), n in zip(chunk, left) if not n]
+            if orphans:
+                self._writer.call(lambda c, o=orphans: self._delete_keys(c, [self._root_ptr_key(k) for k in o]))
 
         def forget(client):
             pipe = self._pipeline(client)

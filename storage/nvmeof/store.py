@@ -39,7 +39,7 @@ from radixtier.storage.validate import node_id as validate_node_id
 log = logging.getLogger("radixtier.storage.nvmeof")
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
-_MAX_PENDING_TOUCHES = 1 << 16  # read keys waiting to reach the eviction order (bounded memory)
+_MAX_PENDING_TOUCHES = 4096  # read keys waiting to reach the eviction order (applying them holds the lock ~5 ms)
 _FAILURE = {1: "I/O error", 2: "slot header does not match: torn or foreign",
             3: "payload checksum mismatch: torn or corrupt", 4: "not read: the I/O ring failed",
             5: "stale: the slot holds another page or generation"}
@@ -753,20 +753,25 @@ class NvmeofPageStore:
         if status.count(0) == len(plan):  # the usual case: every page proven
             for i, _key, _s in plan:
                 ok[i] = True
-            self.counters.reads += len(plan)
-            self.counters.read_bytes += sum(lengths[i] for i, _key, _s in plan)
+            with self._lock:
+                self.counters.reads += len(plan)
+                self.counters.read_bytes += sum(lengths[i] for i, _key, _s in plan)
             return ok
-        bad = []
+        bad, good_bytes = [], 0
         for j, st in enumerate(status):
             if st == 0:
                 ok[plan[j][0]] = True
-                self.counters.reads += 1
-                self.counters.read_bytes += plan[j][2][LENGTH]
-            else:
+                good_bytes += plan[j][2][LENGTH]
+            elif st != 4:  # 4: never read (the ring failed): a plain miss, the page stays
                 bad.append(j)
-        if any(status[j] in (1, 4) for j in bad):
-            self.counters.io_errors += 1
-            log.error("radixtier: %s: read of %d page(s) failed: %s", self.path, len(bad), os.strerror(err or 5))
+        with self._lock:
+            self.counters.reads += sum(ok)
+            self.counters.read_bytes += good_bytes
+            if any(st in (1, 4) for st in status):
+                self.counters.io_errors += 1
+        if any(st in (1, 4) for st in status):
+            log.error("radixtier: %s: read of %d page(s) failed: %s", self.path,
+                      sum(1 for st in status if st in (1, 4)), os.strerror(err or 5))
         self._drop_unproven([plan[j] for j in bad], [status[j] for j in bad])
         return ok
 
@@ -829,13 +834,16 @@ class NvmeofPageStore:
                 self.coalesce_bytes, self.direct)
         finally:
             batch.close()
-        if status[0] == 0:
-            self.counters.reads += 1
-            self.counters.read_bytes += location.length
-            return True
-        if status[0] in (1, 4):
-            self.counters.io_errors += 1
-        self._count_failure(status[0])
+        with self._lock:
+            if status[0] == 0:
+                self.counters.reads += 1
+                self.counters.read_bytes += location.length
+                return True
+            if status[0] in (1, 4):
+                self.counters.io_errors += 1
+            if status[0] == 4:  # never read (the ring failed): a plain miss
+                return False
+            self._count_failure(status[0])
         log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
                     self.path, location.slot, key.hex(), _FAILURE.get(status[0], "torn, stale or corrupt"))
         return False
