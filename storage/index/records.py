@@ -96,8 +96,15 @@ class PageHolders:
         r = self.rows
         valid = (r["v"] == RECORD_VERSION) & (r["tier"] <= 1) & (r["rsv"] == 0) & (r["gen"] >= 1) & (r["len"] >= 1)
         self.rejected = int(len(r) - np.count_nonzero(valid))
-        nodes, self._node_ix = np.unique(r["node"], return_inverse=True) if len(r) else (np.zeros(0, "V48"), np.zeros(0, int))
-        self.nodes = [bytes(n).rstrip(b"\0").decode("utf-8", errors="replace") for n in nodes.tolist()]
+        # distinct holders: the 48-byte node fields folded to 64 bits (an integer sort, not a 48-byte one),
+        # each fold's first row giving the name
+        words = np.frombuffer(blob, dtype="<u8").reshape(-1, ENTRY_BYTES // 8)[:, :NODE_FIELD_BYTES // 8] \
+            if len(r) else np.zeros((0, 6), dtype="<u8")
+        fold = words[:, 0].copy()
+        for c in range(1, words.shape[1]):
+            fold = fold * np.uint64(0x9E3779B97F4A7C15) ^ words[:, c]
+        _u, first, self._node_ix = np.unique(fold, return_index=True, return_inverse=True)
+        self.nodes = [bytes(r["node"][i]).rstrip(b"\0").decode("utf-8", errors="replace") for i in first.tolist()]
         mine = np.array([n == exclude for n in self.nodes] + [False], dtype=bool)[self._node_ix] if len(r) else \
             np.zeros(0, dtype=bool)
         self.ok = valid & ~mine
@@ -113,9 +120,10 @@ class PageHolders:
         """(pages in the leading run with a usable entry, each such page's first usable entry)."""
         first = np.full(self.pages + 1, -1, dtype=np.int64)
         idx = np.nonzero(mask)[0]
-        if len(idx):
-            pages, at = np.unique(self.page[idx], return_index=True)
-            first[pages] = idx[at]
+        if len(idx):  # rows are in page order: a page's first usable row is where the page number changes
+            pages = self.page[idx]
+            starts = np.flatnonzero(np.r_[True, pages[1:] != pages[:-1]])
+            first[pages[starts]] = idx[starts]
         missing = np.nonzero(first[:self.pages] < 0)[0]
         run = int(missing[0]) if len(missing) else self.pages
         return run, first[:run]
