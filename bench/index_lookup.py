@@ -204,7 +204,7 @@ def report(a: argparse.Namespace, res: Dict[str, object]) -> None:
     lines += ["", "| holders | lookup p50 ms | ping p50 ms |", "|---:|---:|---:|"]
     lines += [f"| {r['holders']} | {r['p50_ms']:.3f} | {r['ping_ms']:.3f} |" for r in sh]
     lines += ["", f"slope: {res['us_per_page']:.2f} us per chain page (linear); {res['us_per_holder']:.1f} us per "
-              f"holder (flat above lookup_max_holders, which caps the logs read)"]
+              f"holder (flat above 16: writers keep at most 16 holders per page)"]
     table = "\n".join(lines)
     md, png = os.path.splitext(a.out)[0] + ".md", os.path.splitext(a.out)[0] + ".png"
     with open(md, "w") as f:

@@ -1,21 +1,21 @@
-"""Prefix-index records: a fixed 48-byte binary layout, decoded one at a time or a whole chain at
-once; nothing read from Redis is trusted.
+"""Prefix-index records: a fixed 48-byte binary layout, and the bulk decoder of a chain's page
+values; nothing read from Redis is trusted.
 
 Why binary and fixed-size: a 512-page chain lookup returns hundreds of records, and decoding each
 msgpack map with per-field Python checks cost more than the round trip (3.2 ms of a 5.6 ms
-lookup). A fixed layout lets the server skip anything of another size, and the client check a
-whole chain with a few numpy comparisons (`decode_chain`), building Python objects only for the
-pages it actually reads.
+lookup). Fixed 96-byte holder entries (node id + record) let the client check a whole chain with
+a few numpy operations (`PageHolders`), building Python objects only for the pages it reads.
 
-    offset  0  u8   version (2)
-            1  u8   tier (0 storage, 1 host)
-            2  u16  reserved (0)
-            4  16B  namespace uuid
-           20  u64  slot
-           28  u64  generation (>= 1)
-           36  u32  length (>= 1)
-           40  u32  checksum (CRC-32C of the page)
-           44  u32  published at (unix seconds)
+    record: offset  0  u8   version (2)
+                    1  u8   tier (0 storage, 1 host)
+                    2  u16  reserved (0)
+                    4  16B  namespace uuid
+                   20  u64  slot
+                   28  u64  generation (>= 1)
+                   36  u32  length (>= 1)
+                   40  u32  checksum (CRC-32C of the page)
+                   44  u32  published at (unix seconds)
+    holder entry: 48-byte node id (UTF-8, NUL-padded), then the record
 """
 
 from __future__ import annotations
