@@ -50,30 +50,10 @@ def node_field(node: str) -> bytes:
     return raw.ljust(NODE_FIELD_BYTES, b"\0")
 
 
-class RecordError(ValueError):
-    """A record that does not decode or does not make sense; it is ignored, never used."""
-
-
 def encode_record(rec: PageRecord) -> bytes:
     loc = rec.location
     return _REC.pack(RECORD_VERSION, _TIER_CODE[rec.tier], 0, bytes.fromhex(loc.namespace), loc.slot,
                      loc.generation, loc.length, loc.checksum, int(time.time()) & 0xFFFFFFFF)
-
-
-def decode_record(raw: bytes, field_node: str) -> PageRecord:
-    """One record, filed under node `field_node` (the hash field it was read from)."""
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) != RECORD_BYTES:
-        raise RecordError(f"expected {RECORD_BYTES} bytes, got {len(raw) if hasattr(raw, '__len__') else raw!r}")
-    v, tier, rsv, ns, slot, gen, length, crc, _ts = _REC.unpack(raw)
-    if v != RECORD_VERSION:
-        raise RecordError(f"field 'version': expected {RECORD_VERSION}, got {v}")
-    if tier > 1 or rsv:
-        raise RecordError(f"field 'tier': expected 0 or 1, got {tier}")
-    if not isinstance(field_node, str) or not 0 < len(field_node) <= 128:
-        raise RecordError(f"node: expected a node id, got {field_node!r}")
-    if gen < 1 or length < 1:
-        raise RecordError(f"fields 'generation'/'length' must be >= 1, got {gen}/{length}")
-    return PageRecord(field_node, TIERS[tier], PageLocation(ns.hex(), slot, gen, length, crc))
 
 
 class PageHolders:

@@ -80,9 +80,8 @@ if #v == 0 then redis.call('DEL', KEYS[1]) return 0 end
 redis.call('SET', KEYS[1], v)
 return #v / e
 """
-_LOOKUP_LUA = _UPSERT_LUA  # the ACL probe runs this one (EVAL/EVALSHA rights)
 
-_LOOKUP_SHA = __import__("hashlib").sha1(_LOOKUP_LUA.encode()).hexdigest()
+_UPSERT_SHA = __import__("hashlib").sha1(_UPSERT_LUA.encode()).hexdigest()  # the ACL probe's EVALSHA
 _BATCH_RETRIES = 20
 _ROOT_PTR_TTL_S = 7 * 24 * 3600  # refreshed by every publish (and republish) of the page  # a batch that fails this often in a row (not a connection loss) is dropped
 
@@ -409,9 +408,9 @@ class RedisPrefixIndex:
             ("SADD", lambda p: p.sadd(set_key, "x")),
             ("SSCAN", lambda p: p.sscan(set_key, 0)),
             ("SREM", lambda p: p.srem(set_key, "x")),
-            ("SCRIPT", lambda p: p.script_load(_LOOKUP_LUA)),
-            ("EVAL", lambda p: p.eval(_LOOKUP_LUA, 1, s_key, self._me_field, bytes(48), ENTRY_BYTES, MAX_HOLDERS)),
-            ("EVALSHA", lambda p: p.evalsha(_LOOKUP_SHA, 1, s_key, self._me_field, bytes(48), ENTRY_BYTES,
+            ("SCRIPT", lambda p: p.script_load(_UPSERT_LUA)),
+            ("EVAL", lambda p: p.eval(_UPSERT_LUA, 1, s_key, self._me_field, bytes(48), ENTRY_BYTES, MAX_HOLDERS)),
+            ("EVALSHA", lambda p: p.evalsha(_UPSERT_SHA, 1, s_key, self._me_field, bytes(48), ENTRY_BYTES,
                                             MAX_HOLDERS)),
             ("HDEL", lambda p: p.hdel(h_key, self.node_id)),
             ("DEL", lambda p: p.delete(s_key, h_key, set_key)),
