@@ -137,27 +137,19 @@ def buffer_view(buf: BufferLike, nbytes: Optional[int] = None) -> memoryview:
         if addr == 0 or size < 0:
             raise ValueError(f"buffer: invalid (address, nbytes) = ({addr:#x}, {size})")
         return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
-    try:
-        import torch
-
-        if isinstance(buf, torch.Tensor):
-            if buf.device.type != "cpu":
-                raise ValueError(f"buffer: tier-3 I/O needs host tensors, got a tensor on {buf.device}")
-            if not buf.is_contiguous():
-                raise ValueError("buffer: tensor must be contiguous")
-            size = buf.numel() * buf.element_size()
-            if size == 0:
-                return memoryview(bytearray(0))
-            return memoryview((ctypes.c_char * size).from_address(buf.data_ptr())).cast("B")
-    except ImportError:  # pragma: no cover
-        pass
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(buf, tensor):
+        addr, size = _host_tensor_span(buf)
+        if size == 0:
+            return memoryview(bytearray(0))
+        return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
     mv = memoryview(buf)
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
 def native_buffer(buf: object) -> object:
     """A page (or segment list) as the native core takes it: tensors become (address, nbytes) after
-    the checks buffer_view makes; buffers, (address, nbytes) pairs and lists pass through. Called
+    the same checks as buffer_view's; buffers, (address, nbytes) pairs and lists pass through. Called
     once per page on the read path, so the common cases are tested first and cheaply."""
     if isinstance(buf, tuple):
         if len(buf) == 2 and type(buf[0]) is int and type(buf[1]) is int:
@@ -167,13 +159,18 @@ def native_buffer(buf: object) -> object:
         return [native_buffer(b) for b in buf]
     tensor = _torch_tensor_type()
     if tensor is not None and isinstance(buf, tensor):
-        if not buf.is_cpu:
-            raise ValueError(f"buffer: tier-3 I/O needs host tensors, got a tensor on {buf.device}")
-        if not buf.is_contiguous():
-            raise ValueError("buffer: tensor must be contiguous")
-        n = buf.nbytes
-        return (buf.data_ptr(), n) if n else bytearray(0)
+        addr, n = _host_tensor_span(buf)
+        return (addr, n) if n else bytearray(0)
     return buf
+
+
+def _host_tensor_span(t) -> Tuple[int, int]:
+    """(address, nbytes) of a tensor tier-3 I/O may use: on the host and contiguous, else ValueError."""
+    if not t.is_cpu:
+        raise ValueError(f"buffer: tier-3 I/O needs host tensors, got a tensor on {t.device}")
+    if not t.is_contiguous():
+        raise ValueError("buffer: tensor must be contiguous")
+    return t.data_ptr(), t.nbytes
 
 
 _TENSOR: list = []

@@ -737,8 +737,7 @@ class NvmeofPageStore:
                 self._note_reads(pinned)
             status, err = b"\x04" * len(plan), 0
             try:
-                status, err = self._engine.read_pages(batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes,
-                                                      self._uuid_bytes, plan, self.coalesce_bytes, self.direct)
+                status, err = self._read_batch(batch, plan)
             finally:
                 with self._lock:
                     for key in pinned:
@@ -774,6 +773,12 @@ class NvmeofPageStore:
                       sum(1 for st in status if st in (1, 4)), os.strerror(err or 5))
         self._drop_unproven([plan[j] for j in bad], [status[j] for j in bad])
         return ok
+
+    def _read_batch(self, batch, plan: list):
+        """The native core's verified read of `plan` ((batch index, key, slot tuple) per page) from
+        this store's device and geometry: (status per page, first errno)."""
+        return self._engine.read_pages(batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes,
+                                       self._uuid_bytes, plan, self.coalesce_bytes, self.direct)
 
     def _drop_unproven(self, failed: List[Tuple[int, bytes, _Slot]], why: Sequence[int]) -> None:
         """Pages a read could not prove: counted, logged, and their slots freed (never read again)."""
@@ -828,10 +833,8 @@ class NvmeofPageStore:
                 log.warning("radixtier: record for page %s says %d bytes, the buffer has %d; treated as a miss",
                             key.hex(), location.length, n)
                 return False
-            status, err = self._engine.read_pages(
-                batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes, self._uuid_bytes,
-                [(0, key, (location.slot, location.generation, location.length, location.checksum))],
-                self.coalesce_bytes, self.direct)
+            status, err = self._read_batch(
+                batch, [(0, key, (location.slot, location.generation, location.length, location.checksum))])
         finally:
             batch.close()
         with self._lock:
