@@ -48,11 +48,16 @@ def test_pages_evicted_under_allocation_pressure_come_back_byte_exact(ns, layout
         for _ in range(repeats - 1):
             node.insert(first, seed=1)
         # more requests than L1 (32 pages) and L2 (65 pages) hold: SGLang evicts through its own
-        # allocation path (alloc_token_slots -> evict); write_back backs up on the way down
+        # allocation path (alloc_token_slots -> evict); write_back backs up on the way down.
+        # SGLang host-evicts only pages whose L2->L3 backup finished (a backup holds a host lock),
+        # so each request's backups settle before the next arrives, as a scheduler's event loop
+        # lets them between requests; without that, a slow disk (CI) leaves the first request in
+        # L2 and SGLang drops later ones instead.
+        node.settle_backups()
         for i in range(1, 15):
             for _ in range(repeats):
                 node.insert(seq(i), seed=100 + i)
-        node.settle_backups()
+            node.settle_backups()
         m = node.match(first)
         assert m.device_prefix_len == 0 and m.host_hit_length == 0, "the first request should live only in L3"
         assert node.backend.radixtier_stats()["pages_written"] >= PAGES
