@@ -13,6 +13,7 @@ scheduler does (RadixCache.create_simulated(page_size=16) with a no-op allocator
 from __future__ import annotations
 
 import argparse
+from array import array
 import json
 import os
 import random
@@ -48,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--shared-prefix", type=int, default=4096, help="system-prompt tokens shared by requests")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--token-type", choices=("array", "list"), default="array",
+                    help="how requests hold their tokens: array('q') as SGLang 0.5.23's scheduler does, or list")
     ap.add_argument("--out", default="bench/results/tree_ops.json")
     a = ap.parse_args(argv)
     try:
@@ -58,6 +61,7 @@ def main(argv=None) -> int:
         return 2
     rng = random.Random(0)
     ps, rt, shared = a.page_size, a.request_tokens, a.shared_prefix
+    tok = (lambda xs: array("q", xs)) if a.token_type == "array" else list
     ns = KVNamespace("bench", "int32", "flat", ps)
     cfg = CacheConfig(page_size=ps, page_shape=(1,), dtype=torch.int32,
                       device_pages=(a.cached_tokens + (a.repeats + 4) * rt) // ps, host_pages=16, device="cpu",
@@ -67,7 +71,7 @@ def main(argv=None) -> int:
     systems = [[rng.randrange(32000) for _ in range(shared)] for _ in range(8)]
     cached, pos = [], 0
     for i in tqdm(range(a.cached_tokens // rt), desc="fill", file=sys.stderr):
-        req = systems[i % 8] + [rng.randrange(32000) for _ in range(rt - shared)]
+        req = tok(systems[i % 8] + [rng.randrange(32000) for _ in range(rt - shared)])
         ours.insert(req, torch.zeros(rt // ps, 1, dtype=torch.int32))
         theirs.insert(InsertParams(key=RadixKey(req, None), value=torch.arange(pos, pos + rt, dtype=torch.int64)))
         pos += rt
@@ -82,9 +86,9 @@ def main(argv=None) -> int:
     times = {op: {"radixtier": [], "sglang": []} for op in ops}
     for i in tqdm(range(a.repeats), desc="ops", file=sys.stderr):
         req = cached[i % len(cached)]
-        half = req[:rt // 2] + [rng.randrange(32000) for _ in range(rt // 2)]
-        cold = [rng.randrange(32000) for _ in range(rt)]
-        fresh = systems[i % 8] + [rng.randrange(32000) for _ in range(rt - shared)]
+        half = req[:rt // 2] + tok([rng.randrange(32000) for _ in range(rt // 2)])
+        cold = tok([rng.randrange(32000) for _ in range(rt)])
+        fresh = tok(systems[i % 8] + [rng.randrange(32000) for _ in range(rt - shared)])
         kv = torch.zeros((rt - shared) // ps, 1, dtype=torch.int32)
         pairs = {
             "match_full_hit": (lambda: ours.match(req), lambda: theirs.match_prefix(MatchPrefixParams(key=RadixKey(req, None)))),

@@ -9,6 +9,7 @@ before it: a key hit is a prefix hit.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional
 
@@ -26,26 +27,33 @@ def page_key(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
 
 
-def _validated_token_array(arr: np.ndarray, source: str) -> np.ndarray:
+def _validated_token_array(arr: np.ndarray, source: str, check_values: bool = True) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"tokens: expected a 1-D sequence of token ids, got shape {tuple(arr.shape)} ({source})")
     if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"tokens: expected integer token ids, got dtype {arr.dtype} ({source})")
     out = np.ascontiguousarray(arr, dtype="<i8")
-    if out.size and int(out.min()) < 0:
+    if check_values and out.size and int(out.min()) < 0:
         raise ValueError(f"tokens: token ids must be non-negative, got {int(out.min())}")
     return out
 
 
-def as_token_array(tokens: Any) -> np.ndarray:
-    """Normalise list / tuple / numpy / torch token ids to a contiguous little-endian int64 array."""
+def as_token_array(tokens: Any, check_values: bool = True) -> np.ndarray:
+    """Normalise list / tuple / array('q') / numpy / torch token ids to a contiguous little-endian
+    int64 array. array('q') (what SGLang 0.5.23 holds a request's tokens in) and int64 numpy or
+    CPU torch input are viewed without a copy: callers that keep tokens copy them.
+
+    check_values=False skips the pass over every id that rejects negative ones: for read-only
+    lookups, where an id no insert could have stored simply matches nothing."""
+    if isinstance(tokens, array) and tokens.itemsize == 8 and tokens.typecode in "ql":
+        return _validated_token_array(np.frombuffer(tokens, dtype=np.int64), "array", check_values)
     if isinstance(tokens, np.ndarray):
-        return _validated_token_array(tokens, "numpy")
+        return _validated_token_array(tokens, "numpy", check_values)
     try:
         import torch
 
         if isinstance(tokens, torch.Tensor):
-            return _validated_token_array(tokens.detach().to("cpu").numpy(), "torch")
+            return _validated_token_array(tokens.detach().to("cpu").numpy(), "torch", check_values)
     except ImportError:  # pragma: no cover - torch is a hard dependency
         pass
     if isinstance(tokens, (list, tuple, range)):
@@ -60,8 +68,10 @@ def as_token_array(tokens: Any) -> np.ndarray:
                 bad = next((t for t in tokens if not isinstance(t, (int, np.integer))), arr[0])
                 raise ValueError(f"tokens: expected integer token ids, got {type(bad).__name__} {bad!r}")
             raise ValueError(f"tokens: expected integer token ids, got a {arr.dtype} array of shape {arr.shape}")
-        return _validated_token_array(arr, "list")
-    raise TypeError(f"tokens: expected list, tuple, numpy array or torch tensor, got {type(tokens).__name__}")
+        return _validated_token_array(arr, "list", check_values)
+    if isinstance(tokens, array):
+        return _validated_token_array(np.asarray(tokens), "array", check_values)
+    raise TypeError(f"tokens: expected list, tuple, array, numpy array or torch tensor, got {type(tokens).__name__}")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 
@@ -72,47 +73,71 @@ class PagePool:
         self.buffer = _allocate(num_pages, shape, dtype, device, pin)
         self.page_bytes = self.buffer[0].numel() * self.buffer.element_size()
         self._lock = threading.Lock()
-        self._free: List[int] = list(range(num_pages - 1, -1, -1))
-        self._used = bytearray(num_pages)
+        # Free slots are a stack (the top `_num_free` entries of `_free`) and `_used` marks taken
+        # ones: numpy arrays, so allocating or freeing a 2,000-page request is a few vector ops,
+        # not a Python loop, and no per-slot Python object outlives the call.
+        self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int64)
+        self._num_free = num_pages
+        self._used = np.zeros(num_pages, dtype=bool)
+        self._order = np.zeros(num_pages, dtype=np.int32)  # scratch for the duplicate check in free()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.num_pages - self._num_free
 
-    def alloc(self, n: int) -> List[int]:
+    def alloc(self, n: int) -> np.ndarray:
+        """n free slots (int64), lowest-numbered first on a fresh pool."""
         if n < 0:
             raise ValueError(f"{self.name} pool: cannot allocate {n} slots")
         with self._lock:
-            if n > len(self._free):
-                raise PoolExhausted(
-                    f"{self.name} pool: need {n} free page slots, {len(self._free)} of {self.num_pages} free")
-            slots = [self._free.pop() for _ in range(n)]
-            for s in slots:
-                self._used[s] = 1
+            top = self._num_free
+            if n > top:
+                raise PoolExhausted(f"{self.name} pool: need {n} free page slots, {top} of {self.num_pages} free")
+            slots = self._free[top - n:top][::-1].copy()
+            self._num_free = top - n
+            self._used[slots] = True
             return slots
 
-    def try_alloc(self, n: int) -> Optional[List[int]]:
+    def try_alloc(self, n: int) -> Optional[np.ndarray]:
+        """alloc(n), or None when fewer than n slots are free (no exception: eviction asks often)."""
+        if n > self._num_free:
+            return None
         try:
             return self.alloc(n)
-        except PoolExhausted:
+        except PoolExhausted:  # another thread took them meanwhile
             return None
 
     def free(self, slots: Sequence[int]) -> None:
+        """Return slots; a slot out of range, not allocated, or given twice is an error (nothing is freed)."""
+        arr = np.asarray(slots, dtype=np.int64).reshape(-1)
+        n = arr.size
+        if n == 0:
+            return
         with self._lock:
-            for s in slots:
-                if not 0 <= s < self.num_pages:
-                    raise ValueError(f"{self.name} pool: slot {s} out of range 0..{self.num_pages - 1}")
-                if not self._used[s]:
-                    raise RuntimeError(f"{self.name} pool: double free of slot {s}")
-                self._used[s] = 0
-                self._free.append(s)
+            low, high = int(arr.min()), int(arr.max())
+            if low < 0 or high >= self.num_pages:
+                bad = low if low < 0 else high
+                raise ValueError(f"{self.name} pool: slot {bad} out of range 0..{self.num_pages - 1}")
+            taken = self._used[arr]
+            if not taken.all():
+                raise RuntimeError(f"{self.name} pool: double free of slot {int(arr[np.argmin(taken)])}")
+            positions = np.arange(n, dtype=np.int32)
+            self._order[arr] = positions  # a slot given twice keeps only its last position
+            if n > 1 and not np.array_equal(self._order[arr], positions):
+                dup = int(arr[np.flatnonzero(self._order[arr] != positions)[0]])
+                raise RuntimeError(f"{self.name} pool: double free of slot {dup} (given twice)")
+            self._used[arr] = False
+            top = self._num_free
+            self._free[top:top + n] = arr
+            self._num_free = top + n
 
     def index(self, slots: Sequence[int]) -> torch.Tensor:
-        return torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
+        arr = np.ascontiguousarray(slots, dtype=np.int64)
+        return torch.from_numpy(arr).to(self.device) if self.device.type != "cpu" else torch.from_numpy(arr)
 
     def page(self, slot: int) -> torch.Tensor:
         return self.buffer[slot]

@@ -11,6 +11,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from radixtier.metrics import DIRECTIONS, CacheStats
@@ -20,13 +21,14 @@ from radixtier.storage.api import PageLocation, PageStore, PutResult
 
 def contiguous_runs(src: Sequence[int], dst: Sequence[int]) -> List[Tuple[int, int, int]]:
     """(src_start, dst_start, length) runs where both slot lists advance by one together."""
-    runs: List[Tuple[int, int, int]] = []
-    for s, d in zip(src, dst):
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, d, 1))
-    return runs
+    s = np.asarray(src, dtype=np.int64).reshape(-1)
+    d = np.asarray(dst, dtype=np.int64).reshape(-1)
+    if s.size == 0:
+        return []
+    breaks = np.flatnonzero((np.diff(s) != 1) | (np.diff(d) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [s.size])))
+    return list(zip(s[starts].tolist(), d[starts].tolist(), lengths.tolist()))
 
 
 def copy_pages(src: PagePool, src_slots: Sequence[int], dst: PagePool, dst_slots: Sequence[int],

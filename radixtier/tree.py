@@ -6,6 +6,11 @@ Each node records its pages' tier presence, all-or-nothing per node for device a
 (slot lists into the page pools) and a leading-page count for storage (tier 3 evicts leaf
 pages one at a time). Per-tier eviction orders are leaves-first LRU (`EvictionOrder`).
 
+Page keys (the chained hashes tier 3 and the prefix index name pages by) are computed lazily,
+by `page_keys(node)`, the first time a transfer, tier 3 or the index needs them: a match hashes
+nothing, and an insert that stays in device and host memory never hashes at all. A node's keys,
+once computed, are in `_by_key` (how a finished transfer finds the nodes its pages now belong to).
+
 Not thread-safe by itself: `TieredKVCache` serialises access under its lock. Two hooks let
 the owner keep state the tree does not: `busy(node)` (a node with work in flight elsewhere is
 neither pruned nor reused by `materialize`) and `on_split(node, head)` (a node was split and
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,36 +30,43 @@ from radixtier.hashing import PageHasher, as_token_array
 from radixtier.tiers import Tier
 
 MEMORY_TIERS = (Tier.DEVICE, Tier.HOST)
+_INT64 = np.dtype("<i8")
+
+
+def _token_array(tokens) -> np.ndarray:
+    """Tokens as int64: an array the cache already normalised passes through unchecked (checking
+    a 32K-token request again costs as much as matching it)."""
+    if type(tokens) is np.ndarray and tokens.dtype == _INT64 and tokens.ndim == 1:
+        return tokens
+    return as_token_array(tokens)
 
 
 class Node:
     """Tree state only: tokens, keys, tier presence, lock count and hits. Transfers in flight are
     the cache's (its InFlight table), not the node's: the tree can be read and tested alone."""
 
-    __slots__ = ("id", "parent", "children", "tokens", "keys", "device", "host", "storage_pages",
+    __slots__ = ("id", "parent", "children", "tokens", "num_pages", "keys", "device", "host", "storage_pages",
                  "lock_ref", "hits")
 
-    def __init__(self, node_id: int, parent: Optional["Node"], tokens: np.ndarray, keys: List[bytes]) -> None:
+    def __init__(self, node_id: int, parent: Optional["Node"], tokens: np.ndarray, num_pages: int,
+                 keys: Optional[List[bytes]] = None) -> None:
         self.id = node_id
         self.parent = parent
         self.children: Dict[tuple, Node] = {}
         self.tokens = tokens
-        self.keys = keys
-        self.device: Optional[List[int]] = None  # device pool slots, one per page
-        self.host: Optional[List[int]] = None  # host pool slots, one per page
+        self.num_pages = num_pages
+        self.keys = keys  # page keys once RadixTree.page_keys computed them (None until then)
+        self.device: Optional[np.ndarray] = None  # device pool slots (int64), one per page
+        self.host: Optional[np.ndarray] = None  # host pool slots (int64), one per page
         self.storage_pages = 0  # leading pages present in tier 3
         self.lock_ref = 0
         self.hits = 0
 
     @property
-    def num_pages(self) -> int:
-        return len(self.keys)
-
-    @property
     def in_storage(self) -> bool:
         return self.num_pages > 0 and self.storage_pages >= self.num_pages
 
-    def slots(self, tier: Tier) -> Optional[List[int]]:
+    def slots(self, tier: Tier) -> Optional[np.ndarray]:
         return self.device if tier == Tier.DEVICE else self.host
 
     def best_tier(self) -> Optional[Tier]:
@@ -81,9 +93,6 @@ class TreeMatch:
     nodes: List[Node]
     num_pages: int
     last: Node
-
-    def keys(self) -> List[bytes]:
-        return [k for n in self.nodes for k in n.keys]
 
 
 @dataclass
@@ -112,7 +121,7 @@ class RadixTree:
         self._on_split = on_split
         self.page_size = hasher.page_size
         self._ids = itertools.count(1)
-        self.root = Node(0, None, np.zeros(0, dtype="<i8"), [])
+        self.root = Node(0, None, np.zeros(0, dtype="<i8"), 0, [])
         self.root.lock_ref = 1  # never evicted, never split
         self._nodes: Dict[int, Node] = {0: self.root}
         self._by_key: Dict[bytes, Node] = {}
@@ -130,17 +139,35 @@ class RadixTree:
         return self._pages_in[tier]
 
     def node_of_key(self, key: bytes) -> Optional[Tuple[Node, int]]:
+        """The node holding a page whose key was computed, and the page's index in it."""
         node = self._by_key.get(key)
         if node is None:
             return None
         return node, node.keys.index(key)
+
+    def page_keys(self, node: Node) -> List[bytes]:
+        """The node's page keys, hashing it (and any ancestor not hashed yet) on first use."""
+        if node.keys is not None:
+            return node.keys
+        pending = []
+        top = node
+        while top.keys is None:
+            pending.append(top)
+            top = top.parent
+        parent_key = top.keys[-1] if top.keys else None
+        for n in reversed(pending):
+            n.keys = self.hasher.chain(n.tokens, parent=parent_key)
+            for key in n.keys:
+                self._by_key[key] = n
+            parent_key = n.keys[-1]
+        return node.keys
 
     def _child_key(self, tokens: np.ndarray, offset: int) -> tuple:
         return tuple(tokens[offset:offset + self.page_size].tolist())
 
     def match(self, tokens, split: bool = True) -> TreeMatch:
         """Longest structural match over full pages; splits a partially matched node when `split`."""
-        arr = as_token_array(tokens)
+        arr = _token_array(tokens)
         ps = self.page_size
         total_pages = arr.size // ps
         node, pages, path = self.root, 0, []
@@ -176,8 +203,10 @@ class RadixTree:
             raise ValueError(f"split: k={k} outside 1..{node.num_pages - 1}")
         ps = self.page_size
         parent = node.parent
-        head = Node(next(self._ids), parent, node.tokens[:k * ps], node.keys[:k])
-        node.tokens, node.keys = node.tokens[k * ps:], node.keys[k:]
+        keys = node.keys
+        head = Node(next(self._ids), parent, node.tokens[:k * ps], k, None if keys is None else keys[:k])
+        node.tokens, node.num_pages = node.tokens[k * ps:], node.num_pages - k
+        node.keys = None if keys is None else keys[k:]
         for tier in MEMORY_TIERS:
             slots = node.slots(tier)
             if slots is not None:
@@ -192,7 +221,7 @@ class RadixTree:
         head.children[self._child_key(node.tokens, 0)] = node
         node.parent = head
         self._nodes[head.id] = head
-        for key in head.keys:
+        for key in head.keys or ():
             self._by_key[key] = head
         for tier in MEMORY_TIERS:
             if head.slots(tier) is not None:
@@ -203,32 +232,29 @@ class RadixTree:
             self._on_split(node, head)
         return head
 
-    def _assign(self, node: Node, tier: Tier, slots: List[int]) -> None:
+    def _assign(self, node: Node, tier: Tier, slots: Optional[np.ndarray]) -> None:
         if tier == Tier.DEVICE:
             node.device = slots
         else:
             node.host = slots
 
     def extend(self, match: TreeMatch, tokens, num_pages: int) -> Optional[Node]:
-        """Add a leaf for pages [match.num_pages, num_pages) under match.last (no presence yet)."""
-        arr = as_token_array(tokens)
+        """Add a leaf for pages [match.num_pages, num_pages) under match.last (no presence yet, not hashed)."""
+        arr = _token_array(tokens)
         start = match.num_pages
         if num_pages <= start:
             return None
         if num_pages * self.page_size > arr.size:
             raise ValueError(f"extend: {num_pages} pages need {num_pages * self.page_size} tokens, got {arr.size}")
         parent = match.last
-        parent_key = parent.keys[-1] if parent.keys else None
-        keys = self.hasher.chain(arr, parent=parent_key, start_page=start, num_pages=num_pages - start)
-        node = Node(next(self._ids), parent, arr[start * self.page_size:num_pages * self.page_size].copy(), keys)
-        parent.children[self._child_key(node.tokens, 0)] = node
+        tokens = arr[start * self.page_size:num_pages * self.page_size].copy()  # the caller's buffer may change
+        node = Node(next(self._ids), parent, tokens, num_pages - start)
+        parent.children[self._child_key(tokens, 0)] = node
         self._nodes[node.id] = node
-        for key in keys:
-            self._by_key[key] = node
         return node
 
     def insert(self, tokens, num_pages: Optional[int] = None) -> Tuple[TreeMatch, Optional[Node]]:
-        arr = as_token_array(tokens)
+        arr = _token_array(tokens)
         total = arr.size // self.page_size if num_pages is None else num_pages
         m = self.match(arr[:total * self.page_size])
         return m, self.extend(m, arr, total)
@@ -238,7 +264,7 @@ class RadixTree:
 
         Stops early (returns fewer pages) at a node that already holds data or has a transfer in flight.
         """
-        arr = as_token_array(tokens)
+        arr = _token_array(tokens)
         ps = self.page_size
         head = self.match(arr[:start_page * ps])
         if head.num_pages != start_page:
@@ -264,8 +290,9 @@ class RadixTree:
 
     def keys_after(self, match: TreeMatch, tokens, limit: Optional[int] = None) -> List[bytes]:
         """Page keys of the request's pages beyond the structural match (computed, not stored)."""
-        arr = as_token_array(tokens)
-        parent = match.last.keys[-1] if match.last.keys else None
+        arr = _token_array(tokens)
+        last = self.page_keys(match.last)
+        parent = last[-1] if last else None
         return self.hasher.chain(arr, parent=parent, start_page=match.num_pages, num_pages=limit)
 
     def path_to_root(self, node: Node) -> List[Node]:
@@ -293,24 +320,24 @@ class RadixTree:
             out.tiers.append(tier)
         return out
 
-    def set_slots(self, node: Node, tier: Tier, slots: List[int]) -> None:
+    def set_slots(self, node: Node, tier: Tier, slots: Sequence[int]) -> None:
         if len(slots) != node.num_pages:
             raise ValueError(f"set_slots: node has {node.num_pages} pages, got {len(slots)} slots")
         if node.slots(tier) is not None:
             raise RuntimeError(f"set_slots: node {node.id} already present in {tier.label}")
-        self._assign(node, tier, list(slots))
+        self._assign(node, tier, np.asarray(slots, dtype=np.int64))
         self._pages_in[tier] += node.num_pages
         self.orders[tier].add(node.id, self._order_parent(node), pinned=node.lock_ref > 0)
         for child in node.children.values():
             if child.slots(tier) is not None:
                 self.orders[tier].set_parent(child.id, node.id)
 
-    def clear_slots(self, node: Node, tier: Tier) -> List[int]:
+    def clear_slots(self, node: Node, tier: Tier) -> np.ndarray:
         """Drop a node from a memory tier; returns the slots for the caller to free."""
         slots = node.slots(tier)
         if slots is None:
-            return []
-        self._assign(node, tier, None)  # type: ignore[arg-type]
+            return np.zeros(0, dtype=np.int64)
+        self._assign(node, tier, None)
         self._pages_in[tier] -= node.num_pages
         self.orders[tier].remove(node.id)
         return slots
@@ -379,7 +406,7 @@ class RadixTree:
                 break  # already detached
             del parent.children[key]
             del self._nodes[node.id]
-            for key in node.keys:
+            for key in node.keys or ():
                 if self._by_key.get(key) is node:
                     del self._by_key[key]
             removed += 1

@@ -329,8 +329,11 @@ def test_refill_under_pressure_never_loses_the_node_it_fills(ns4):
         cache.insert(tokens, kv_for(ns4, tokens))
         cache.evict(Tier.DEVICE, 1)
         cache.evict(Tier.HOST, 1)
-    for node in cache.tree.nodes():
-        assert cache.tree.node_of_key(node.keys[0])[0] is node  # every node is reachable from the root
+    for node in cache.tree.nodes():  # every node is reachable from the root
+        up = node
+        while up is not cache.tree.root:
+            assert up.parent is not None and any(c is up for c in up.parent.children.values())
+            up = up.parent
     for tier, pool in ((Tier.DEVICE, cache.device_pool), (Tier.HOST, cache.host_pool)):
         assert pool.num_free + cache.tree.pages_in(tier) == pool.num_pages  # no slot leaked or lost
     cache.close()
@@ -403,7 +406,7 @@ def test_an_inserts_fill_mark_does_not_stick_to_a_split_head():
     import numpy as np
 
     table = InFlight()
-    node, head = Node(1, None, np.zeros(0, dtype="<i8"), []), Node(2, None, np.zeros(0, dtype="<i8"), [])
+    node, head = Node(1, None, np.zeros(0, dtype="<i8"), 0, []), Node(2, None, np.zeros(0, dtype="<i8"), 0, [])
     table.begin_fill(node)
     table.on_split(node, head)  # the insert's own chunking splits the node it is filling
     table.end_fill(node)

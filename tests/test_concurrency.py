@@ -54,7 +54,7 @@ def test_stress_serving_threads_with_movers(ns4, ns_file, policy):
     cache.close()  # stops the write-back cleaner, which may start new copies after any flush
     # bookkeeping is exact once the movers are idle: every used slot belongs to exactly one node
     for tier, pool in ((Tier.DEVICE, cache.device_pool), (Tier.HOST, cache.host_pool)):
-        slots = [s for n in cache.tree.nodes() for s in (n.slots(tier) or [])]
+        slots = [s for n in cache.tree.nodes() if n.slots(tier) is not None for s in n.slots(tier).tolist()]
         assert len(slots) == len(set(slots)) == pool.num_used == cache.tree.pages_in(tier)
     assert all(n.lock_ref == 0 for n in cache.tree.nodes())
     stats = cache.stats()

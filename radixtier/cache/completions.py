@@ -32,7 +32,7 @@ class Completions:
     def start_promotion(self, node: Node, slots: List[int], source: Tier,
                         records: Optional[List[PageRecord]] = None) -> Future:
         s = self.s
-        keys = list(node.keys)
+        keys = list(s.tree.page_keys(node))
         if source == Tier.STORAGE:
             fut = s.mover.storage_to_host(keys, slots)
         else:
@@ -43,7 +43,7 @@ class Completions:
 
     def start_load(self, node: Node, slots: List[int]) -> Future:
         s = self.s
-        keys = list(node.keys)
+        keys = list(s.tree.page_keys(node))
         fut = s.mover.host_to_device(list(node.host), slots)
         s.inflight.put(LOADING, node, fut)
         s.inflight.track(fut, lambda f: self._on_loaded(f, keys, slots))
@@ -52,7 +52,7 @@ class Completions:
     def start_backup(self, node: Node, slots: List[int], to_storage: bool) -> Future:
         s = self.s
         s.tree.lock(node)  # the source pages must not move while they are read
-        keys = list(node.keys)
+        keys = list(s.tree.page_keys(node))
         fut = s.mover.device_to_host(list(node.device), slots)
         s.inflight.put(BACKING, node, fut)
         s.inflight.track(fut, lambda f: self._on_backed_up(f, node, keys, slots, to_storage))
@@ -61,7 +61,7 @@ class Completions:
     def start_write(self, node: Node, parents: List[Optional[bytes]]) -> Future:
         s = self.s
         s.tree.lock(node)
-        keys = list(node.keys)
+        keys = list(s.tree.page_keys(node))
         fut = s.mover.host_to_storage(list(node.host), keys, parents)
         s.inflight.put(WRITING, node, fut)
         s.inflight.track(fut, lambda f: self._on_written(f, node, keys))
@@ -71,7 +71,7 @@ class Completions:
         """Write a staged copy of an evicted node's pages down; the node stays in the tree (busy)
         until the write is applied, so tier 3's copy is found again."""
         s = self.s
-        keys = list(node.keys)
+        keys = list(s.tree.page_keys(node))
         root = self.root_of(node)
         s.inflight.begin_spill(node)
         fut = s.mover.pages_to_storage(staged, keys, parents)
@@ -81,7 +81,8 @@ class Completions:
 
     def root_of(self, node: Node) -> bytes:
         """The chain's page 0, under which the index groups a chain's records."""
-        return self.s.tree.path_to_root(node)[0].keys[0]
+        tree = self.s.tree
+        return tree.page_keys(tree.path_to_root(node)[0])[0]
 
     # ======================================================================== finishing (transfer threads)
     def _on_promoted(self, fut: Future, keys: List[bytes], slots: List[int], source: Tier) -> None:
@@ -105,7 +106,7 @@ class Completions:
                     used.update(range(i, i + keep))
                     if source == Tier.STORAGE:
                         s.tree.set_storage_pages(node, node.num_pages)
-                        s.evictor.hold(node.keys, True)
+                        s.evictor.hold(s.tree.page_keys(node), True)
                 if keep < n and source == Tier.STORAGE:
                     # the store proved these pages absent or corrupt (it freed them): drop the claim
                     hit = s.tree.node_of_key(keys[i + keep])
@@ -173,7 +174,7 @@ class Completions:
                 run += 1
             s.tree.set_storage_pages(n_, max(n_.storage_pages, run))
             if run and (n_.device is not None or n_.host is not None):
-                s.evictor.hold(n_.keys[:run], True)
+                s.evictor.hold(s.tree.page_keys(n_)[:run], True)
         if s.publisher is not None:
             if root is None:
                 root = self.root_of(groups[0][0]) if groups else keys[0]

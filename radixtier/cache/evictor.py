@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import List, Optional, Sequence
 
+import numpy as np
+
 from radixtier.cache.inflight import WRITING
 from radixtier.cache.state import CacheState
 from radixtier.policies import WritePolicy
@@ -37,12 +39,21 @@ class Evictor:
         s = self.s
         pool = s.pools[tier]
         self.learn_storage_evictions()  # what leaves a tier must know whether tier 3 still has it
-        while pool.num_free < need_free:
-            victim = s.tree.peek_victim(tier)
-            if victim is None:
-                return False
-            self._evict_node(victim, tier)
-        return True
+        freed: List[np.ndarray] = []  # returned to the pool in one call when the loop ends
+        pending = 0
+        try:
+            while pool.num_free + pending < need_free:
+                victim = s.tree.peek_victim(tier)
+                if victim is None:
+                    return False
+                slots = self._evict_node(victim, tier)
+                freed.append(slots)
+                pending += len(slots)
+            return True
+        finally:
+            if freed:
+                pool.free(np.concatenate(freed) if len(freed) > 1 else freed[0])
+                s.stats.record_eviction(tier, pending)
 
     def learn_storage_evictions(self) -> None:
         """Apply what tier 3 dropped since the last look (evictions made for other writers, pages it
@@ -72,7 +83,8 @@ class Evictor:
         return (self.s.config.write_policy == WritePolicy.WRITE_BACK or self.s.writer.is_hot(node)
                 or self._write_down(node))
 
-    def _evict_node(self, node: Node, tier: Tier) -> None:
+    def _evict_node(self, node: Node, tier: Tier) -> np.ndarray:
+        """Take a victim out of `tier`; returns its slots for the caller to free."""
         s = self.s
         if tier == Tier.DEVICE:
             if node.host is None and self._must_keep_copy(node):
@@ -91,11 +103,10 @@ class Evictor:
                     and self._must_keep_copy(node)):
                 self._spill_inline(node)
         freed = s.tree.clear_slots(node, tier)
-        s.pools[tier].free(freed)
-        s.stats.record_eviction(tier, len(freed))
-        if node.device is None and node.host is None:
-            self.hold(node.keys, False)  # tier 3 has the only copy now (if it has one)
+        if node.device is None and node.host is None and node.keys is not None:
+            self.hold(node.keys, False)  # tier 3 has the only copy now (if it has one; never, if never hashed)
         s.tree.prune(node)
+        return freed
 
     def _spill_inline(self, node: Node) -> None:
         """A host victim that must reach tier 3 first: stage its pages (a memory copy, under the

@@ -128,7 +128,8 @@ class TieredKVCache:
                 if anchor is not None:
                     s.inflight.end_fill(anchor)
                     s.tree.prune(anchor)
-        self._cleaner_wake.set()
+            if self._cleaner is not None and s.writer.needs_cleaning():
+                self._cleaner_wake.set()  # only then: a woken cleaner competes for the lock and the GIL
         return added
 
     def gather(self, device_slots: Sequence[int]) -> torch.Tensor:

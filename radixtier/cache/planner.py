@@ -11,6 +11,8 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Dict, List, Optional, Union
 
+import numpy as np
+
 from radixtier.cache.handle import LoadResult, MatchResult, PrefixHandle
 from radixtier.cache.inflight import LOADING, PROMOTING
 from radixtier.cache.state import CacheState
@@ -33,7 +35,7 @@ class Planner:
         beyond_memory=False stops at what the tree knows (no tier-3 or index lookup): cheap enough
         for the serving path."""
         s = self.s
-        arr = as_token_array(tokens)
+        arr = as_token_array(tokens, check_values=False)  # read-only: a bad id just matches nothing
         ps = s.config.page_size
         with s.lock:
             m = s.tree.match(arr)
@@ -49,10 +51,9 @@ class Planner:
             tail = self._tail_keys(m, arr, done)
             n = s.store.leading_run(tail) if (s.store is not None and tail) else 0
             res.storage_tokens += n * ps
-            root = self._root_key(arr)
         rest = tail[n:]
         if rest:
-            res.remote_tokens = len(self._remote_run(root, rest)) * ps
+            res.remote_tokens = len(self._remote_run(self._root_key(arr), rest)) * ps
         res.prefix_tokens = res.device_tokens + res.host_tokens + res.storage_tokens + res.remote_tokens
         return res
 
@@ -150,11 +151,12 @@ class Planner:
                 pass
             s.inflight.applied(f)
         with s.lock:
-            slots: List[int] = []
+            parts = []
             for node in (s.tree.path_to_root(h.last) if h.last is not None else []):
                 if node.device is None:
                     break
-                slots.extend(node.device)
+                parts.append(node.device)
+        slots: List[int] = np.concatenate(parts).tolist() if parts else []
         pages = len(slots)
         ps = s.config.page_size
         hits: Dict[Tier, int] = {}
@@ -195,7 +197,7 @@ class Planner:
         offset = 0
         for node in m.nodes:
             if offset + node.num_pages > done_pages:
-                keys.extend(node.keys[max(0, done_pages - offset):])
+                keys.extend(self.s.tree.page_keys(node)[max(0, done_pages - offset):])
             offset += node.num_pages
         if m.num_pages >= done_pages:
             keys.extend(self.s.tree.keys_after(m, arr))

@@ -22,13 +22,17 @@ class Writer:
         self.s = state
 
     def place_new(self, node: Node, kv: torch.Tensor) -> int:
-        """Cache new KV in the fastest tier with room, chunk by chunk; returns pages placed.
+        """Cache new KV in the fastest tier with room; returns pages placed.
 
-        A run longer than the device pool still gets cached: chunks that find no device slot go
+        A run the device has room for stays one node. A run longer than the device pool still gets cached: chunks that find no device slot go
         to host memory (and on to storage under write-through). A chunk that fits nowhere ends
         the run, and what follows it is dropped (it could never be a prefix hit).
         """
         s = self.s
+        slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
+        if slots is not None:  # the common case: one node, one allocation (the tree stays compact)
+            self._on_device(node, kv, slots)
+            return node.num_pages
         placed = 0
         chunks = s.tree.chunk(node, s.config.promote_chunk_pages)
         for i, chunk in enumerate(chunks):
@@ -42,22 +46,25 @@ class Writer:
 
     def _place_chunk(self, node: Node, kv: torch.Tensor) -> bool:
         s = self.s
-        write_through = s.config.write_policy == WritePolicy.WRITE_THROUGH
         slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
         if slots is not None:
-            s.device_pool.write(slots, kv)
-            s.tree.set_slots(node, Tier.DEVICE, slots)
-            if write_through:
-                self.backup(node, to_storage=True)
+            self._on_device(node, kv, slots)
             return True
         slots = s.evictor.alloc(Tier.HOST, node.num_pages)
         if slots is None:
             return False
         s.host_pool.write(slots, kv)
         s.tree.set_slots(node, Tier.HOST, slots)
-        if write_through:
+        if s.config.write_policy == WritePolicy.WRITE_THROUGH:
             self.write_storage(node)
         return True
+
+    def _on_device(self, node: Node, kv: torch.Tensor, slots: List[int]) -> None:
+        s = self.s
+        s.device_pool.write(slots, kv)
+        s.tree.set_slots(node, Tier.DEVICE, slots)
+        if s.config.write_policy == WritePolicy.WRITE_THROUGH:
+            self.backup(node, to_storage=True)
 
     def is_hot(self, node: Node) -> bool:
         """write_through_selective: a node hit often enough is copied down the tiers."""
@@ -79,14 +86,21 @@ class Writer:
 
     def parents(self, node: Node) -> List[Optional[bytes]]:
         """Each page's parent key (the previous page of the chain), for tier 3's leaves-first order."""
-        first = node.parent.keys[-1] if node.parent is not None and node.parent.keys else None
-        return [first] + list(node.keys[:-1])
+        tree = self.s.tree
+        above = tree.page_keys(node.parent) if node.parent is not None else []
+        return [above[-1] if above else None] + list(tree.page_keys(node)[:-1])
 
     def write_storage(self, node: Node) -> None:
         s = self.s
         if s.store is None or node.host is None or node.in_storage or s.inflight.get(WRITING, node) is not None:
             return
         s.completions.start_write(node, self.parents(node))
+
+    def needs_cleaning(self) -> bool:
+        """write_back: a memory tier is past its spill watermark (cache lock held)."""
+        s = self.s
+        mark = s.config.spill_watermark
+        return any(pool.num_used > mark * pool.num_pages for pool in (s.device_pool, s.host_pool))
 
     def clean_once(self) -> None:
         """write_back: keep the LRU end of each tier clean, so evictions rarely wait on a copy."""
