@@ -79,7 +79,6 @@ class PagePool:
         self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int64)
         self._num_free = num_pages
         self._used = np.zeros(num_pages, dtype=bool)
-        self._order = np.zeros(num_pages, dtype=np.int32)  # scratch for the duplicate check in free()
 
     @property
     def num_free(self) -> int:
@@ -112,24 +111,23 @@ class PagePool:
             return None
 
     def free(self, slots: Sequence[int]) -> None:
-        """Return slots; a slot out of range, not allocated, or given twice is an error (nothing is freed)."""
+        """Return slots; a slot out of range or not allocated is an error and nothing is freed.
+
+        The slots of one call must be distinct (as in SGLang's allocator: "no page twice"): they
+        are one node's slots, or several nodes', and no two nodes share a slot (the tree's
+        invariant, checked by tests/test_concurrency.py and the tree property test)."""
         arr = np.asarray(slots, dtype=np.int64).reshape(-1)
         n = arr.size
         if n == 0:
             return
         with self._lock:
-            low, high = int(arr.min()), int(arr.max())
-            if low < 0 or high >= self.num_pages:
-                bad = low if low < 0 else high
+            outside = arr.view(np.uint64) >= self.num_pages  # a negative slot is a huge unsigned one
+            if outside.any():
+                bad = int(arr[np.argmax(outside)])
                 raise ValueError(f"{self.name} pool: slot {bad} out of range 0..{self.num_pages - 1}")
             taken = self._used[arr]
             if not taken.all():
                 raise RuntimeError(f"{self.name} pool: double free of slot {int(arr[np.argmin(taken)])}")
-            positions = np.arange(n, dtype=np.int32)
-            self._order[arr] = positions  # a slot given twice keeps only its last position
-            if n > 1 and not np.array_equal(self._order[arr], positions):
-                dup = int(arr[np.flatnonzero(self._order[arr] != positions)[0]])
-                raise RuntimeError(f"{self.name} pool: double free of slot {dup} (given twice)")
             self._used[arr] = False
             top = self._num_free
             self._free[top:top + n] = arr

@@ -109,6 +109,13 @@ class UsablePrefix:
     def pages_in(self, tier: Tier) -> int:
         return sum(n.num_pages for n, t in zip(self.nodes, self.tiers) if t == tier)
 
+    def pages_by_tier(self) -> Dict[Tier, int]:
+        """Pages per serving tier, in one pass (the serving path's match asks for all three)."""
+        out = {Tier.DEVICE: 0, Tier.HOST: 0, Tier.STORAGE: 0}
+        for n, t in zip(self.nodes, self.tiers):
+            out[t] += n.num_pages
+        return out
+
 
 class RadixTree:
     """Prefix tree of KV pages with per-tier presence and leaves-first eviction orders."""

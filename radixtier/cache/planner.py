@@ -39,15 +39,17 @@ class Planner:
         ps = s.config.page_size
         with s.lock:
             m = s.tree.match(arr)
-            up = s.tree.usable_prefix(m)
+            if not m.nodes and (not beyond_memory or s.store is None):
+                return MatchResult(0)  # a miss at the root, with nothing beyond memory to ask
+            pages = s.tree.usable_prefix(m).pages_by_tier()
             res = MatchResult(0)
-            res.device_tokens = up.pages_in(Tier.DEVICE) * ps
-            res.host_tokens = up.pages_in(Tier.HOST) * ps
-            res.storage_tokens = up.pages_in(Tier.STORAGE) * ps
+            res.device_tokens = pages[Tier.DEVICE] * ps
+            res.host_tokens = pages[Tier.HOST] * ps
+            res.storage_tokens = pages[Tier.STORAGE] * ps
             if not beyond_memory:
                 res.prefix_tokens = res.device_tokens + res.host_tokens + res.storage_tokens
                 return res
-            done = up.num_pages
+            done = pages[Tier.DEVICE] + pages[Tier.HOST] + pages[Tier.STORAGE]
             tail = self._tail_keys(m, arr, done)
             n = s.store.leading_run(tail) if (s.store is not None and tail) else 0
             res.storage_tokens += n * ps
