@@ -58,17 +58,17 @@ class _NoFreeAllocator:
 class Workload:
     """Requests of `rt` tokens: a shared system prompt (one of 8) and a random tail."""
 
-    def __init__(self, rt: int, shared: int, token_type: str, seed: int = 0) -> None:
+    def __init__(self, rt: int, shared: int, token_type: str, systems: int = 8, seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self.rt, self.shared = rt, shared
         self.tok = (lambda xs: array("q", xs)) if token_type == "array" else list
-        self.systems = [[self.rng.randrange(32000) for _ in range(shared)] for _ in range(8)]
+        self.systems = [[self.rng.randrange(32000) for _ in range(shared)] for _ in range(systems)]
 
     def random(self, n: int) -> List[int]:
         return [self.rng.randrange(32000) for _ in range(n)]
 
     def request(self, i: int):
-        return self.tok(self.systems[i % 8] + self.random(self.rt - self.shared))
+        return self.tok(self.systems[i % len(self.systems)] + self.random(self.rt - self.shared))
 
 
 class SGLangSide:
@@ -131,18 +131,18 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def measure(cached_tokens: int, a, progress: bool = True) -> Dict[str, Dict[str, List[float]]]:
-    """Fill each engine with `cached_tokens`, then time every operation `a.repeats` times, interleaved."""
+def measure(cached_tokens: int, a, repeats: int, progress: bool = True) -> Dict[str, Dict[str, List[float]]]:
+    """Fill each engine with `cached_tokens`, then time every operation `repeats` times, interleaved."""
     ps, rt, shared = a.page_size, a.request_tokens, a.shared_prefix
-    wl = Workload(rt, shared, a.token_type)
-    capacity = cached_tokens + (a.repeats + 4) * rt
+    n_req = max(1, cached_tokens // rt)
+    wl = Workload(rt, shared, a.token_type, systems=min(8, n_req))  # every insert finds its system prompt
+    capacity = cached_tokens + (repeats + 4) * rt
     ns = KVNamespace("bench", "int32", "flat", ps)
     cfg = CacheConfig(page_size=ps, page_shape=(1,), dtype=torch.int32, device_pages=capacity // ps, host_pages=16,
                       device="cpu", write_policy="write_back")
     ours = TieredKVCache(cfg, ns)
     sides = {"sglang-sim": SGLangSide("sim", ps, capacity), "sglang-paged": SGLangSide("paged", ps, capacity)}
     cached = []
-    n_req = max(1, cached_tokens // rt)
     for i in tqdm(range(n_req), desc=f"fill {cached_tokens // 1024}K tokens", file=sys.stderr, disable=not progress):
         req = wl.request(i)
         ours.insert(req, torch.zeros(rt // ps, 1, dtype=torch.int32))
@@ -162,9 +162,15 @@ def measure(cached_tokens: int, a, progress: bool = True) -> Dict[str, Dict[str,
     # Matches and inserts first, evictions after: evicting between matches would let each engine's
     # own LRU choice decide whether the next "full hit" is still one (SGLang's LRU victim is the
     # request matched next), so the engines would not be doing the same work.
-    for i in tqdm(range(a.repeats), desc="match, insert", file=sys.stderr, disable=not progress):
-        req = cached[i % len(cached)]
-        half = req[:rt // 2] + wl.tok(wl.random(rt // 2))
+    # A half hit splits the request's node: its target is the request inserted just before (never
+    # split yet, in every engine), so a small cache's few requests are not split again and again.
+    prev = wl.request(n_req)
+    ours.insert(prev, torch.zeros(rt // ps, 1, dtype=torch.int32))
+    for side in sides.values():
+        side.insert(prev, side.prepare_insert(prev))
+    for i in tqdm(range(repeats), desc="match, insert", file=sys.stderr, disable=not progress):
+        req = cached[i % len(cached)]  # a full hit changes no tree: requests may be revisited
+        half = prev[:rt // 2] + wl.tok(wl.random(rt // 2))
         cold = wl.tok(wl.random(rt))
         for op, tokens in (("match_full_hit", req), ("match_half_hit", half), ("match_miss", cold)):
             # both SGLang caches run the same match code (the allocator plays no part): one is timed,
@@ -178,7 +184,8 @@ def measure(cached_tokens: int, a, progress: bool = True) -> Dict[str, Dict[str,
         calls = {"radixtier": lambda: ours.insert(fresh, kv, first_page=shared // ps)}
         calls.update({name: (lambda s=side, p=prefixes[name]: s.insert(fresh, p)) for name, side in sides.items()})
         run("insert_28k_after_shared_4k", i, calls)
-    for i in tqdm(range(a.repeats), desc="evict", file=sys.stderr, disable=not progress):
+        prev = fresh
+    for i in tqdm(range(repeats), desc="evict", file=sys.stderr, disable=not progress):
         calls = {"radixtier": lambda: ours.evict(Tier.DEVICE, rt // ps)}
         calls.update({name: (lambda s=side: s.evict(rt)) for name, side in sides.items()})
         run("evict_32k", i, calls)
@@ -213,6 +220,8 @@ def main(argv=None) -> int:
                     help="how requests hold their tokens: array('q') as SGLang 0.5.23's scheduler does, or list")
     ap.add_argument("--scale", default="131072,524288,2097152,8388608",
                     help="cached-token sizes for the growth sweep (comma-separated; empty to skip)")
+    ap.add_argument("--scale-repeats", type=int, default=12,
+                    help="repetitions per size in the sweep (each insert adds 28K tokens: kept small so a size stays that size)")
     ap.add_argument("--out", default="bench/results/tree_ops.json", help="JSON; .md and .png go beside it")
     a = ap.parse_args(argv)
     try:
@@ -222,7 +231,7 @@ def main(argv=None) -> int:
         return 2
     res: Dict[str, object] = {"cached_tokens": a.cached_tokens, "request_tokens": a.request_tokens,
                               "page_size": a.page_size, "token_type": a.token_type, "repeats": a.repeats, "ops": {}}
-    times = measure(a.cached_tokens, a)
+    times = measure(a.cached_tokens, a, a.repeats)
     res["matched_prefix_tokens"] = times.pop("_matched")  # one value per op: every engine did the same work
     for op in OPS[:3]:
         times[op]["sglang-paged"] = times[op]["sglang-sim"]
@@ -234,7 +243,7 @@ def main(argv=None) -> int:
     sizes = [int(x) for x in a.scale.split(",") if x.strip()]
     growth: Dict[str, Dict[str, List[float]]] = {op: {e: [] for e in ENGINES} for op in OPS}
     for n in sizes:
-        t = measure(n, a)
+        t = measure(n, a, a.scale_repeats)
         t.pop("_matched")
         for op in OPS[:3]:
             t[op]["sglang-paged"] = t[op]["sglang-sim"]
@@ -257,7 +266,8 @@ def main(argv=None) -> int:
         lines.append(f"| {op} | {fmt(r['radixtier'])} | {fmt(r['sglang-sim'])} | {r['sglang-sim_over_radixtier']:.2f}x "
                      f"| {fmt(r['sglang-paged'])} | {r['sglang-paged_over_radixtier']:.2f}x |")
     if sizes:
-        lines += ["", "Growth with cached tokens (p50 ms; slope of log time on log cached tokens: 0 = flat, 1 = linear)", "",
+        lines += ["", f"Growth with cached tokens (p50 ms over {a.scale_repeats} repetitions; slope of log time on log "
+                  "cached tokens: 0 = flat, 1 = linear)", "",
                   "| operation | engine | " + " | ".join(f"{n // 1024}K" for n in sizes) + " | slope |",
                   "|---|---|" + "---:|" * (len(sizes) + 1)]
         for op in OPS:
