@@ -59,6 +59,11 @@ def as_token_array(tokens: Any, check_values: bool = True) -> np.ndarray:
     if isinstance(tokens, (list, tuple, range)):
         if len(tokens) == 0:
             return np.zeros(0, dtype="<i8")
+        if type(tokens[0]) is not bool:
+            try:  # array('q') converts a list of ints 1.5x faster than numpy; anything odd takes the path below
+                return _validated_token_array(np.frombuffer(array("q", tokens), dtype=np.int64), "list", check_values)
+            except (TypeError, OverflowError):
+                pass
         try:
             arr = np.asarray(tokens)
         except (ValueError, TypeError, OverflowError):

@@ -63,12 +63,14 @@ class PageHolders:
     for what a caller asks for."""
 
     def __init__(self, values: Sequence[object], exclude: str = "") -> None:
-        run, sizes = 0, []
-        for v in values:
-            if not v or len(v) % ENTRY_BYTES or len(v) > ENTRY_BYTES * 4 * MAX_HOLDERS:
-                break  # absent, foreign or oversized: the chain's leading run ends here
-            sizes.append(len(v) // ENTRY_BYTES)
-            run += 1
+        values = list(values)
+        run = values.index(None) if None in values else len(values)  # absent: the leading run ends there
+        lengths = np.fromiter(map(len, values[:run]), dtype=np.int64, count=run)
+        # empty, foreign or oversized values end it too
+        bad = np.flatnonzero((lengths == 0) | (lengths % ENTRY_BYTES != 0) | (lengths > ENTRY_BYTES * 4 * MAX_HOLDERS))
+        if len(bad):
+            run = int(bad[0])
+        sizes = lengths[:run] // ENTRY_BYTES
         blob = b"".join(values[:run])
         self.rows = np.frombuffer(blob, dtype=ENTRY_DTYPE, count=len(blob) // ENTRY_BYTES)
         self.page = np.repeat(np.arange(run), sizes)
