@@ -79,6 +79,7 @@ class PagePool:
         self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int64)
         self._num_free = num_pages
         self._used = np.zeros(num_pages, dtype=bool)
+        self._order = np.zeros(num_pages, dtype=np.int32)  # scratch for free()'s given-twice check
 
     @property
     def num_free(self) -> int:
@@ -111,11 +112,8 @@ class PagePool:
             return None
 
     def free(self, slots: Sequence[int]) -> None:
-        """Return slots; a slot out of range or not allocated is an error and nothing is freed.
-
-        The slots of one call must be distinct (as in SGLang's allocator: "no page twice"): they
-        are one node's slots, or several nodes', and no two nodes share a slot (the tree's
-        invariant, checked by tests/test_concurrency.py and the tree property test)."""
+        """Return slots; a slot out of range, not allocated, or given twice is an error and nothing
+        is freed (a slot pushed twice would later be handed to two owners)."""
         arr = np.asarray(slots, dtype=np.int64).reshape(-1)
         n = arr.size
         if n == 0:
@@ -128,6 +126,13 @@ class PagePool:
             taken = self._used[arr]
             if not taken.all():
                 raise RuntimeError(f"{self.name} pool: double free of slot {int(arr[np.argmin(taken)])}")
+            if n > 1:
+                positions = np.arange(n, dtype=np.int32)
+                self._order[arr] = positions  # a slot given twice keeps only its last position
+                seen = self._order[arr]
+                if not np.array_equal(seen, positions):
+                    dup = int(arr[np.argmax(seen != positions)])
+                    raise RuntimeError(f"{self.name} pool: double free of slot {dup} (given twice in one call)")
             self._used[arr] = False
             top = self._num_free
             self._free[top:top + n] = arr

@@ -411,3 +411,52 @@ def test_an_inserts_fill_mark_does_not_stick_to_a_split_head():
     table.on_split(node, head)  # the insert's own chunking splits the node it is filling
     table.end_fill(node)
     assert not table.busy(node) and not table.busy(head)
+
+
+def test_pages_are_hashed_only_when_tier_3_or_a_transfer_needs_their_keys(ns4, store, monkeypatch):
+    """A match hashes nothing and KV that stays in device memory is never hashed; once a page goes
+    to tier 3 its key is the chained hash of its tokens, as if it had been hashed at insert."""
+    calls = []
+    real_chain = PageHasher.chain
+
+    def counting_chain(self, tokens, *args, **kwargs):
+        out = real_chain(self, tokens, *args, **kwargs)
+        calls.append(len(out))
+        return out
+
+    monkeypatch.setattr(PageHasher, "chain", counting_chain)
+    memory_only = make_cache(ns4, device_pages=64, write_policy="write_back")
+    tokens = list(range(64))  # 16 pages
+    longer = tokens + list(range(500, 516))  # 4 more
+    kv, kv_longer = kv_for(ns4, tokens), kv_for(ns4, longer)
+    calls.clear()  # kv_for hashed them itself
+    assert memory_only.insert(tokens, kv) == 16
+    assert memory_only.match(tokens).prefix_tokens == 64
+    assert memory_only.insert(longer, kv_longer) == 4
+    assert memory_only.match(longer).prefix_tokens == 80
+    assert calls == []
+    memory_only.close()
+
+    cache = make_cache(ns4, store, write_policy="write_through")
+    want = kv_for(ns4, tokens)
+    calls.clear()
+    assert cache.insert(tokens, want) == 16
+    assert cache.flush()
+    assert sum(calls) == 16  # hashed once, for the copy down to tier 3
+    assert cache.store.leading_run(PageHasher(ns4).chain(tokens)) == 16
+    cache.close()
+
+
+def test_array_q_tokens_match_as_lists_do(ns4):
+    """array('q') (SGLang 0.5.23's token type) is viewed without a copy and matches like a list."""
+    from array import array
+
+    cache = make_cache(ns4, device_pages=64)
+    tokens = list(range(40))  # 10 pages
+    assert cache.insert(array("q", tokens), kv_for(ns4, tokens)) == 10
+    assert cache.match(tokens).prefix_tokens == 40
+    assert cache.match(array("q", tokens[:24] + [999] * 16)).prefix_tokens == 24
+    assert cache.match(array("q", [7] * 40)).prefix_tokens == 0
+    with pytest.raises(ValueError, match="non-negative"):
+        cache.insert(array("q", [-1] * 4), kv_for(ns4, [0] * 4))
+    cache.close()

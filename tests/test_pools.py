@@ -28,6 +28,14 @@ def test_double_free_and_foreign_slot_are_errors():
         p.free(s)
     with pytest.raises(ValueError, match="out of range"):
         p.free([4])
+    with pytest.raises(ValueError, match="slot -1 out of range"):
+        p.free([-1])
+    both = p.alloc(2)
+    with pytest.raises(RuntimeError, match="given twice"):
+        p.free([both[0], both[1], both[0]])  # pushed twice, it would later go to two owners
+    assert p.num_free == 2  # nothing was freed
+    p.free(both)
+    assert sorted(p.alloc(4).tolist()) == [0, 1, 2, 3]  # every slot exactly once
 
 
 def test_host_pages_start_on_4k_boundaries():
