@@ -139,6 +139,8 @@ class PagePool:
             self._num_free = top + n
 
     def index(self, slots: Sequence[int]) -> torch.Tensor:
+        if isinstance(slots, torch.Tensor):  # e.g. slots a caller keeps on the GPU
+            return slots.to(device=self.device, dtype=torch.long)
         arr = np.ascontiguousarray(slots, dtype=np.int64)
         return torch.from_numpy(arr).to(self.device) if self.device.type != "cpu" else torch.from_numpy(arr)
 

@@ -9,7 +9,9 @@ pages one at a time). Per-tier eviction orders are leaves-first LRU (`EvictionOr
 Page keys (the chained hashes tier 3 and the prefix index name pages by) are computed lazily,
 by `page_keys(node)`, the first time a transfer, tier 3 or the index needs them: a match hashes
 nothing, and an insert that stays in device and host memory never hashes at all. A node's keys,
-once computed, are in `_by_key` (how a finished transfer finds the nodes its pages now belong to).
+once computed, are in `_by_key` (how a finished transfer finds the nodes its pages now belong to),
+each with its page's depth in the tree: a split moves no key of the tail, so a lookup stays O(1)
+however large a node is.
 
 Not thread-safe by itself: `TieredKVCache` serialises access under its lock. Two hooks let
 the owner keep state the tree does not: `busy(node)` (a node with work in flight elsewhere is
@@ -45,16 +47,17 @@ class Node:
     """Tree state only: tokens, keys, tier presence, lock count and hits. Transfers in flight are
     the cache's (its InFlight table), not the node's: the tree can be read and tested alone."""
 
-    __slots__ = ("id", "parent", "children", "tokens", "num_pages", "keys", "device", "host", "storage_pages",
-                 "lock_ref", "hits")
+    __slots__ = ("id", "parent", "children", "tokens", "num_pages", "start_page", "keys", "device", "host",
+                 "storage_pages", "lock_ref", "hits")
 
     def __init__(self, node_id: int, parent: Optional["Node"], tokens: np.ndarray, num_pages: int,
-                 keys: Optional[List[bytes]] = None) -> None:
+                 keys: Optional[List[bytes]] = None, start_page: int = 0) -> None:
         self.id = node_id
         self.parent = parent
         self.children: Dict[tuple, Node] = {}
         self.tokens = tokens
         self.num_pages = num_pages
+        self.start_page = start_page  # pages above this node on its path from the root
         self.keys = keys  # page keys once RadixTree.page_keys computed them (None until then)
         self.device: Optional[np.ndarray] = None  # device pool slots (int64), one per page
         self.host: Optional[np.ndarray] = None  # host pool slots (int64), one per page
@@ -131,7 +134,7 @@ class RadixTree:
         self.root = Node(0, None, np.zeros(0, dtype="<i8"), 0, [])
         self.root.lock_ref = 1  # never evicted, never split
         self._nodes: Dict[int, Node] = {0: self.root}
-        self._by_key: Dict[bytes, Node] = {}
+        self._by_key: Dict[bytes, Tuple[Node, int]] = {}  # key -> (node, depth of its page in the tree)
         self.orders: Dict[Tier, EvictionOrder] = {t: EvictionOrder(eviction_mode) for t in MEMORY_TIERS}
         self._pages_in: Dict[Tier, int] = {Tier.DEVICE: 0, Tier.HOST: 0, Tier.STORAGE: 0}
 
@@ -147,10 +150,11 @@ class RadixTree:
 
     def node_of_key(self, key: bytes) -> Optional[Tuple[Node, int]]:
         """The node holding a page whose key was computed, and the page's index in it."""
-        node = self._by_key.get(key)
-        if node is None:
+        hit = self._by_key.get(key)
+        if hit is None:
             return None
-        return node, node.keys.index(key)
+        node, depth = hit
+        return node, depth - node.start_page
 
     def page_keys(self, node: Node) -> List[bytes]:
         """The node's page keys, hashing it (and any ancestor not hashed yet) on first use."""
@@ -164,8 +168,8 @@ class RadixTree:
         parent_key = top.keys[-1] if top.keys else None
         for n in reversed(pending):
             n.keys = self.hasher.chain(n.tokens, parent=parent_key)
-            for key in n.keys:
-                self._by_key[key] = n
+            for i, key in enumerate(n.keys, n.start_page):
+                self._by_key[key] = (n, i)
             parent_key = n.keys[-1]
         return node.keys
 
@@ -211,8 +215,9 @@ class RadixTree:
         ps = self.page_size
         parent = node.parent
         keys = node.keys
-        head = Node(next(self._ids), parent, node.tokens[:k * ps], k, None if keys is None else keys[:k])
-        node.tokens, node.num_pages = node.tokens[k * ps:], node.num_pages - k
+        head = Node(next(self._ids), parent, node.tokens[:k * ps], k, None if keys is None else keys[:k],
+                    node.start_page)
+        node.tokens, node.num_pages, node.start_page = node.tokens[k * ps:], node.num_pages - k, node.start_page + k
         node.keys = None if keys is None else keys[k:]
         for tier in MEMORY_TIERS:
             slots = node.slots(tier)
@@ -228,8 +233,8 @@ class RadixTree:
         head.children[self._child_key(node.tokens, 0)] = node
         node.parent = head
         self._nodes[head.id] = head
-        for key in head.keys or ():
-            self._by_key[key] = head
+        for i, key in enumerate(head.keys or (), head.start_page):
+            self._by_key[key] = (head, i)
         for tier in MEMORY_TIERS:
             if head.slots(tier) is not None:
                 order = self.orders[tier]
@@ -255,7 +260,7 @@ class RadixTree:
             raise ValueError(f"extend: {num_pages} pages need {num_pages * self.page_size} tokens, got {arr.size}")
         parent = match.last
         tokens = arr[start * self.page_size:num_pages * self.page_size].copy()  # the caller's buffer may change
-        node = Node(next(self._ids), parent, tokens, num_pages - start)
+        node = Node(next(self._ids), parent, tokens, num_pages - start, start_page=start)
         parent.children[self._child_key(tokens, 0)] = node
         self._nodes[node.id] = node
         return node
@@ -414,7 +419,8 @@ class RadixTree:
             del parent.children[key]
             del self._nodes[node.id]
             for key in node.keys or ():
-                if self._by_key.get(key) is node:
+                hit = self._by_key.get(key)
+                if hit is not None and hit[0] is node:
                     del self._by_key[key]
             removed += 1
             node = parent

@@ -460,3 +460,54 @@ def test_array_q_tokens_match_as_lists_do(ns4):
     with pytest.raises(ValueError, match="non-negative"):
         cache.insert(array("q", [-1] * 4), kv_for(ns4, [0] * 4))
     cache.close()
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_a_request_larger_than_the_host_pool_still_reaches_tier_3(ns4, store, policy):
+    """New KV stays one node on the device; copying it down must not need host room for all of it
+    at once (regression: a 40-page node with a 16-page host pool was never backed up, and a device
+    eviction lost it whole)."""
+    cache = make_cache(ns4, store, device_pages=64, host_pages=16, write_policy=policy, promote_chunk_pages=8)
+    tokens = list(range(160))  # 40 pages
+    assert cache.insert(tokens, kv_for(ns4, tokens)) == 40
+    cache.flush()
+    other = list(range(10_000, 10_240))  # 60 pages: pushes the first request out of the device
+    assert cache.insert(other, kv_for(ns4, other)) == 60
+    cache.flush()
+    cache.evict(Tier.DEVICE, 64)
+    cache.flush()
+    assert store.leading_run(PageHasher(ns4).chain(tokens)) == 40
+    assert cache.match(tokens).prefix_tokens == 160
+    h = cache.prefetch(tokens)
+    r = h.load("wait_complete")
+    assert r.num_pages > 0
+    check_prefix(cache, ns4, tokens, r)  # the bytes that came back up are the ones written
+    h.release()
+    cache.close()
+
+
+def test_eviction_takes_what_is_needed_from_a_large_node_not_all_of_it(ns4):
+    cache = make_cache(ns4, device_pages=256, host_pages=1024, promote_chunk_pages=8)
+    big = list(range(800))  # 200 pages, one node
+    assert cache.insert(big, kv_for(ns4, big)) == 200
+    more = list(range(10**6, 10**6 + 256))  # 64 pages: 8 free slots short... 56 over
+    assert cache.insert(more, kv_for(ns4, more)) == 64
+    m = cache.match(big, beyond_memory=False)
+    assert m.prefix_tokens == 800
+    assert m.device_tokens >= (200 - 16) * 4  # only whole chunks covering the shortfall left the device
+    cache.close()
+
+
+def test_every_hashed_page_is_found_at_its_index_after_splits(ns4, store):
+    cache = make_cache(ns4, store, device_pages=64, write_policy="write_through")
+    tokens = list(range(128))  # 32 pages, one node, hashed for its copy down
+    cache.insert(tokens, kv_for(ns4, tokens))
+    cache.flush()
+    for cut in (3, 17, 9, 30):  # half hits split the node at these pages
+        assert cache.match(tokens[:cut * 4] + [999_999] * 8).prefix_tokens == cut * 4
+    tree = cache.tree
+    assert len(tree) >= 5
+    for node in tree.nodes():
+        for i, key in enumerate(tree.page_keys(node)):
+            assert tree.node_of_key(key) == (node, i)
+    cache.close()

@@ -46,9 +46,8 @@ class Evictor:
                 victim = s.tree.peek_victim(tier)
                 if victim is None:
                     return False
-                slots = self._evict_node(victim, tier)
-                freed.append(slots)
-                pending += len(slots)
+                victim = self._trim(victim, need_free - pool.num_free - pending)
+                pending += self._evict_node(victim, tier, freed)
             return True
         finally:
             if freed:
@@ -83,12 +82,28 @@ class Evictor:
         return (self.s.config.write_policy == WritePolicy.WRITE_BACK or self.s.writer.is_hot(node)
                 or self._write_down(node))
 
-    def _evict_node(self, node: Node, tier: Tier) -> np.ndarray:
-        """Take a victim out of `tier`; returns its slots for the caller to free."""
+    def _trim(self, victim: Node, short: int) -> Node:
+        """A victim far larger than what is still needed gives up only its tail: the whole chunks
+        (promote_chunk_pages) that cover the shortfall. The rest stays cached, as it did when new
+        KV was placed chunk by chunk; an insert now stays one node, so the split happens here."""
+        chunk = self.s.config.promote_chunk_pages
+        tail = -(-short // chunk) * chunk
+        if victim.num_pages > tail:
+            self.s.tree.split(victim, victim.num_pages - tail)  # the victim keeps its last `tail` pages
+        return victim
+
+    def _evict_node(self, node: Node, tier: Tier, freed: List[np.ndarray]) -> int:
+        """Take a victim out of `tier`; its slots go on `freed` (for the caller to return) as soon as
+        they leave the node, so nothing after that can lose them. Returns how many."""
         s = self.s
         if tier == Tier.DEVICE:
             if node.host is None and self._must_keep_copy(node):
                 slots = self.alloc(Tier.HOST, node.num_pages)
+                chunk = s.config.promote_chunk_pages
+                if slots is None and node.num_pages > chunk:  # host room for a chunk, not the node?
+                    slots = self.alloc(Tier.HOST, chunk)
+                    if slots is not None:
+                        s.tree.split(node, node.num_pages - chunk)  # the victim keeps its last chunk
                 if slots is not None:  # inline device -> host copy: no clean victim was left
                     try:
                         s.mover.copy_now(s.device_pool, node.device, s.host_pool, slots)
@@ -102,11 +117,12 @@ class Evictor:
             if (s.store is not None and not node.in_storage and s.inflight.get(WRITING, node) is None
                     and self._must_keep_copy(node)):
                 self._spill_inline(node)
-        freed = s.tree.clear_slots(node, tier)
+        slots = s.tree.clear_slots(node, tier)
+        freed.append(slots)
         if node.device is None and node.host is None and node.keys is not None:
             self.hold(node.keys, False)  # tier 3 has the only copy now (if it has one; never, if never hashed)
         s.tree.prune(node)
-        return freed
+        return len(slots)
 
     def _spill_inline(self, node: Node) -> None:
         """A host victim that must reach tier 3 first: stage its pages (a memory copy, under the

@@ -31,8 +31,9 @@ class Writer:
         s = self.s
         slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
         if slots is not None:  # the common case: one node, one allocation (the tree stays compact)
+            placed = node.num_pages  # counted first: a piecewise backup may split the node
             self._on_device(node, kv, slots)
-            return node.num_pages
+            return placed
         placed = 0
         chunks = s.tree.chunk(node, s.config.promote_chunk_pages)
         for i, chunk in enumerate(chunks):
@@ -79,6 +80,10 @@ class Writer:
                 return
             slots = s.evictor.alloc(Tier.HOST, node.num_pages)
             if slots is None:
+                chunk = s.config.promote_chunk_pages
+                if node.num_pages > chunk and chunk <= s.host_pool.num_pages:
+                    for part in s.tree.chunk(node, chunk):  # host room for chunks, not the node: piecewise
+                        self.backup(part, to_storage)
                 return
             s.completions.start_backup(node, slots, to_storage)
         elif to_storage:

@@ -65,7 +65,11 @@ class PageHolders:
     def __init__(self, values: Sequence[object], exclude: str = "") -> None:
         values = list(values)
         run = values.index(None) if None in values else len(values)  # absent: the leading run ends there
-        lengths = np.fromiter(map(len, values[:run]), dtype=np.int64, count=run)
+        try:
+            lengths = np.fromiter(map(len, values[:run]), dtype=np.int64, count=run)
+        except TypeError:  # a value that is not a string (never from MGET): the run ends before it
+            run = next(i for i, v in enumerate(values) if not isinstance(v, (bytes, bytearray)))
+            lengths = np.fromiter(map(len, values[:run]), dtype=np.int64, count=run)
         # empty, foreign or oversized values end it too
         bad = np.flatnonzero((lengths == 0) | (lengths % ENTRY_BYTES != 0) | (lengths > ENTRY_BYTES * 4 * MAX_HOLDERS))
         if len(bad):
