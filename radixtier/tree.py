@@ -134,7 +134,10 @@ class RadixTree:
         self.root = Node(0, None, np.zeros(0, dtype="<i8"), 0, [])
         self.root.lock_ref = 1  # never evicted, never split
         self._nodes: Dict[int, Node] = {0: self.root}
-        self._by_key: Dict[bytes, Tuple[Node, int]] = {}  # key -> (node, depth of its page in the tree)
+        # hashed page -> its node, and -> its depth in the tree (two dicts, no tuple per page: a
+        # tuple holding a node is one more object for every full garbage collection to walk)
+        self._by_key: Dict[bytes, Node] = {}
+        self._depth: Dict[bytes, int] = {}
         self.orders: Dict[Tier, EvictionOrder] = {t: EvictionOrder(eviction_mode) for t in MEMORY_TIERS}
         self._pages_in: Dict[Tier, int] = {Tier.DEVICE: 0, Tier.HOST: 0, Tier.STORAGE: 0}
 
@@ -150,11 +153,10 @@ class RadixTree:
 
     def node_of_key(self, key: bytes) -> Optional[Tuple[Node, int]]:
         """The node holding a page whose key was computed, and the page's index in it."""
-        hit = self._by_key.get(key)
-        if hit is None:
+        node = self._by_key.get(key)
+        if node is None:
             return None
-        node, depth = hit
-        return node, depth - node.start_page
+        return node, self._depth[key] - node.start_page
 
     def page_keys(self, node: Node) -> List[bytes]:
         """The node's page keys, hashing it (and any ancestor not hashed yet) on first use."""
@@ -169,7 +171,8 @@ class RadixTree:
         for n in reversed(pending):
             n.keys = self.hasher.chain(n.tokens, parent=parent_key)
             for i, key in enumerate(n.keys, n.start_page):
-                self._by_key[key] = (n, i)
+                self._by_key[key] = n
+                self._depth[key] = i
             parent_key = n.keys[-1]
         return node.keys
 
@@ -233,8 +236,8 @@ class RadixTree:
         head.children[self._child_key(node.tokens, 0)] = node
         node.parent = head
         self._nodes[head.id] = head
-        for i, key in enumerate(head.keys or (), head.start_page):
-            self._by_key[key] = (head, i)
+        for key in head.keys or ():  # their depths do not change
+            self._by_key[key] = head
         for tier in MEMORY_TIERS:
             if head.slots(tier) is not None:
                 order = self.orders[tier]
@@ -419,9 +422,9 @@ class RadixTree:
             del parent.children[key]
             del self._nodes[node.id]
             for key in node.keys or ():
-                hit = self._by_key.get(key)
-                if hit is not None and hit[0] is node:
+                if self._by_key.get(key) is node:
                     del self._by_key[key]
+                    del self._depth[key]
             removed += 1
             node = parent
         return removed
