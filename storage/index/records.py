@@ -86,10 +86,13 @@ class PageHolders:
         # each fold's first row giving the name
         words = np.frombuffer(blob, dtype="<u8").reshape(-1, ENTRY_BYTES // 8)[:, :NODE_FIELD_BYTES // 8] \
             if len(r) else np.zeros((0, 6), dtype="<u8")
-        fold = words[:, 0].copy()
-        for c in range(1, words.shape[1]):
-            fold = fold * np.uint64(0x9E3779B97F4A7C15) ^ words[:, c]
-        _u, first, self._node_ix = np.unique(fold, return_index=True, return_inverse=True)
+        if len(r) and bool((words == words[0]).all()):  # one holder throughout (the common case): no sort
+            first, self._node_ix = np.zeros(1, dtype=np.intp), np.zeros(len(r), dtype=np.intp)
+        else:
+            fold = words[:, 0].copy()
+            for c in range(1, words.shape[1]):
+                fold = fold * np.uint64(0x9E3779B97F4A7C15) ^ words[:, c]
+            _u, first, self._node_ix = np.unique(fold, return_index=True, return_inverse=True)
         self.nodes = [bytes(r["node"][i]).rstrip(b"\0").decode("utf-8", errors="replace") for i in first.tolist()]
         mine = np.array([n == exclude for n in self.nodes] + [False], dtype=bool)[self._node_ix] if len(r) else \
             np.zeros(0, dtype=bool)
@@ -122,7 +125,10 @@ class PageHolders:
         ns = np.frombuffer(bytes.fromhex(namespace), dtype="V16")[0]
         r = self.rows
         run, rows = self._first(self.ok & (r["tier"] == 0) & (r["ns"] == ns)) if len(r) else (0, [])
-        sel = r[rows] if run else r[:0]
+        if run and int(rows[-1]) == run - 1:  # one usable entry per page, in order: a view, no gather
+            sel = r[:run]
+        else:
+            sel = r[rows] if run else r[:0]
         return list(zip([namespace] * run, sel["slot"].tolist(), sel["gen"].tolist(), sel["len"].tolist(),
                         sel["crc"].tolist()))
 
