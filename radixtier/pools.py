@@ -7,7 +7,7 @@ pinned when CUDA is present so device<->host copies can run asynchronously on st
 from __future__ import annotations
 
 import threading
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch

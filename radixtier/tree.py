@@ -110,7 +110,7 @@ class UsablePrefix:
         return sum(n.num_pages for n in self.nodes)
 
     def pages_in(self, tier: Tier) -> int:
-        return sum(n.num_pages for n, t in zip(self.nodes, self.tiers) if t == tier)
+        return self.pages_by_tier()[tier]
 
     def pages_by_tier(self) -> Dict[Tier, int]:
         """Pages per serving tier, in one pass (the serving path's match asks for all three)."""

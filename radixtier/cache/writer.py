@@ -13,6 +13,7 @@ import torch
 from radixtier.cache.inflight import BACKING, WRITING
 from radixtier.cache.state import CacheState
 from radixtier.policies import WritePolicy
+from radixtier.pools import PagePool
 from radixtier.tiers import Tier
 from radixtier.tree import Node
 
@@ -103,9 +104,10 @@ class Writer:
 
     def needs_cleaning(self) -> bool:
         """write_back: a memory tier is past its spill watermark (cache lock held)."""
-        s = self.s
-        mark = s.config.spill_watermark
-        return any(pool.num_used > mark * pool.num_pages for pool in (s.device_pool, s.host_pool))
+        return any(self._past_watermark(pool) for pool in (self.s.device_pool, self.s.host_pool))
+
+    def _past_watermark(self, pool: PagePool) -> bool:
+        return pool.num_used > self.s.config.spill_watermark * pool.num_pages
 
     def clean_once(self) -> None:
         """write_back: keep the LRU end of each tier clean, so evictions rarely wait on a copy."""
@@ -114,7 +116,7 @@ class Writer:
         with s.lock:
             for tier in (Tier.DEVICE, Tier.HOST):
                 pool = s.pools[tier]
-                if pool.num_used <= cfg.spill_watermark * pool.num_pages:
+                if not self._past_watermark(pool):
                     continue
                 budget = pool.num_used - (cfg.spill_watermark - 0.1) * pool.num_pages
                 for node in s.tree.victims(tier, 64):
