@@ -221,7 +221,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", default="131072,524288,2097152,8388608",
                     help="cached-token sizes for the growth sweep (comma-separated; empty to skip)")
     ap.add_argument("--scale-repeats", type=int, default=12,
-                    help="repetitions per size in the sweep (each insert adds 28K tokens: kept small so a size stays that size)")
+                    help="repetitions per size in the sweep (each insert adds 28K tokens: kept small so a size "
+                         "stays that size)")
     ap.add_argument("--out", default="bench/results/tree_ops.json", help="JSON; .md and .png go beside it")
     a = ap.parse_args(argv)
     try:

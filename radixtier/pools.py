@@ -142,7 +142,7 @@ class PagePool:
         if isinstance(slots, torch.Tensor):  # e.g. slots a caller keeps on the GPU
             return slots.to(device=self.device, dtype=torch.long)
         arr = np.ascontiguousarray(slots, dtype=np.int64)
-        return torch.from_numpy(arr).to(self.device) if self.device.type != "cpu" else torch.from_numpy(arr)
+        return torch.from_numpy(arr).to(self.device)  # no copy on the CPU
 
     def page(self, slot: int) -> torch.Tensor:
         return self.buffer[slot]

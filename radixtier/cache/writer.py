@@ -6,7 +6,7 @@ write after a backup); copies are started as transfers, never waited on here.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -25,9 +25,10 @@ class Writer:
     def place_new(self, node: Node, kv: torch.Tensor) -> int:
         """Cache new KV in the fastest tier with room; returns pages placed.
 
-        A run the device has room for stays one node. A run longer than the device pool still gets cached: chunks that find no device slot go
-        to host memory (and on to storage under write-through). A chunk that fits nowhere ends
-        the run, and what follows it is dropped (it could never be a prefix hit).
+        A run the device has room for stays one node. A run longer than the device pool still gets
+        cached: chunks that find no device slot go to host memory (and on to storage under
+        write-through). A chunk that fits nowhere ends the run, and what follows it is dropped (it
+        could never be a prefix hit).
         """
         s = self.s
         slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
@@ -61,7 +62,7 @@ class Writer:
             self.write_storage(node)
         return True
 
-    def _on_device(self, node: Node, kv: torch.Tensor, slots: List[int]) -> None:
+    def _on_device(self, node: Node, kv: torch.Tensor, slots: Sequence[int]) -> None:
         s = self.s
         s.device_pool.write(slots, kv)
         s.tree.set_slots(node, Tier.DEVICE, slots)

@@ -64,7 +64,10 @@ class PageHolders:
 
     def __init__(self, values: Sequence[object], exclude: str = "") -> None:
         values = list(values)
-        run = values.index(None) if None in values else len(values)  # absent: the leading run ends there
+        try:
+            run = values.index(None)  # absent: the leading run ends there
+        except ValueError:
+            run = len(values)
         try:
             lengths = np.fromiter(map(len, values[:run]), dtype=np.int64, count=run)
         except TypeError:  # a value that is not a string (never from MGET): the run ends before it
