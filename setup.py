@@ -1,7 +1,9 @@
-"""Build script: metadata lives in setup.cfg; this file only adds the io_uring extension.
+"""Build script: metadata lives in setup.cfg; this file only adds the two native extensions.
 
-The extension links the system liburing (Debian/Ubuntu: liburing-dev, which scripts/setup.sh
-installs). It is optional: where liburing's headers are missing the build skips it with a
+Both are optional: where one does not build, the pure-Python path it speeds up is used instead.
+`radixtier._slotpool` is a page pool's free() in one pass (radixtier/_slotpool.c; needs only a C
+compiler). The io_uring extension links the system liburing (Debian/Ubuntu: liburing-dev, which
+scripts/setup.sh installs); where liburing's headers are missing the build skips it with a
 warning, and the page store uses its preadv/pwritev thread pool instead (it says so at open).
 """
 
@@ -9,6 +11,8 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
+        Extension("radixtier._slotpool", ["radixtier/_slotpool.c"], optional=True,
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("radixtier.storage.nvmeof._uring",
                   ["storage/nvmeof/_uring.c", "storage/nvmeof/_pagebatch.c", "storage/nvmeof/_crc32c.c"],
                   depends=["storage/nvmeof/_native.h"], libraries=["uring"], optional=True,

@@ -13,4 +13,7 @@ class Tier(enum.IntEnum):
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        return _LABELS[self]  # a dict read: enum's own `name` is two descriptor calls, on every lookup
+
+
+_LABELS = {t: t.name.lower() for t in Tier}

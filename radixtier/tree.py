@@ -47,14 +47,15 @@ class Node:
     """Tree state only: tokens, keys, tier presence, lock count and hits. Transfers in flight are
     the cache's (its InFlight table), not the node's: the tree can be read and tested alone."""
 
-    __slots__ = ("id", "parent", "children", "tokens", "num_pages", "start_page", "keys", "device", "host",
-                 "storage_pages", "lock_ref", "hits")
+    __slots__ = ("id", "parent", "children", "child_key", "tokens", "num_pages", "start_page", "keys", "device",
+                 "host", "storage_pages", "lock_ref", "hits")
 
     def __init__(self, node_id: int, parent: Optional["Node"], tokens: np.ndarray, num_pages: int,
-                 keys: Optional[List[bytes]] = None, start_page: int = 0) -> None:
+                 child_key: tuple, keys: Optional[List[bytes]] = None, start_page: int = 0) -> None:
         self.id = node_id
         self.parent = parent
         self.children: Dict[tuple, Node] = {}
+        self.child_key = child_key  # its key in parent.children: its first page's tokens
         self.tokens = tokens
         self.num_pages = num_pages
         self.start_page = start_page  # pages above this node on its path from the root
@@ -131,7 +132,7 @@ class RadixTree:
         self._on_split = on_split
         self.page_size = hasher.page_size
         self._ids = itertools.count(1)
-        self.root = Node(0, None, np.zeros(0, dtype="<i8"), 0, [])
+        self.root = Node(0, None, np.zeros(0, dtype="<i8"), 0, (), [])
         self.root.lock_ref = 1  # never evicted, never split
         self._nodes: Dict[int, Node] = {0: self.root}
         # hashed page -> its node, and -> its depth in the tree (two dicts, no tuple per page: a
@@ -218,34 +219,49 @@ class RadixTree:
         ps = self.page_size
         parent = node.parent
         keys = node.keys
-        head = Node(next(self._ids), parent, node.tokens[:k * ps], k, None if keys is None else keys[:k],
-                    node.start_page)
+        head = Node(next(self._ids), parent, node.tokens[:k * ps], k, node.child_key,
+                    None if keys is None else keys[:k], node.start_page)
         node.tokens, node.num_pages, node.start_page = node.tokens[k * ps:], node.num_pages - k, node.start_page + k
+        node.child_key = self._child_key(node.tokens, 0)
         node.keys = None if keys is None else keys[k:]
-        for tier in MEMORY_TIERS:
-            slots = node.slots(tier)
-            if slots is not None:
-                self._assign(head, tier, slots[:k])
-                self._assign(node, tier, slots[k:])
+        if node.device is not None:
+            head.device, node.device = node.device[:k], node.device[k:]
+        if node.host is not None:
+            head.host, node.host = node.host[:k], node.host[k:]
         head.storage_pages = min(node.storage_pages, k)
         node.storage_pages = max(0, node.storage_pages - k)
         head.lock_ref = node.lock_ref
         head.hits = node.hits
-        head_key = self._child_key(head.tokens, 0)
-        parent.children[head_key] = head
-        head.children[self._child_key(node.tokens, 0)] = node
+        parent.children[head.child_key] = head
+        head.children[node.child_key] = node
         node.parent = head
         self._nodes[head.id] = head
         for key in head.keys or ():  # their depths do not change
             self._by_key[key] = head
-        for tier in MEMORY_TIERS:
-            if head.slots(tier) is not None:
-                order = self.orders[tier]
-                order.add(head.id, self._order_parent(head), pinned=head.lock_ref > 0)
-                order.set_parent(node.id, head.id)
+        for tier, slots in ((Tier.DEVICE, head.device), (Tier.HOST, head.host)):
+            if slots is not None:
+                self.orders[tier].insert_above(node.id, head.id, pinned=head.lock_ref > 0)
         if self._on_split is not None:
             self._on_split(node, head)
         return head
+
+    def drop_tail(self, node: Node, tier: Tier, n: int) -> np.ndarray:
+        """Take a leaf's last n pages out of the tree; returns their slots in `tier` to free.
+
+        Eviction's cheap split, for pages whose only copy is in `tier`: a leaf never hashed (so
+        in no index, never in tier 3) and in no other memory tier loses its tail in place. No node
+        is made, and the node keeps its place in the LRU order: it is still the oldest."""
+        other = node.host if tier == Tier.DEVICE else node.device
+        own = node.slots(tier)
+        if (node.children or node.keys is not None or node.storage_pages or other is not None or own is None
+                or not 0 < n < node.num_pages):
+            raise ValueError(f"drop_tail: node {node.id} ({node.num_pages} pages) cannot lose {n} pages in place")
+        keep = node.num_pages - n
+        self._assign(node, tier, own[:keep])
+        node.tokens = node.tokens[:keep * self.page_size]
+        node.num_pages = keep
+        self._pages_in[tier] -= n
+        return own[keep:]
 
     def _assign(self, node: Node, tier: Tier, slots: Optional[np.ndarray]) -> None:
         if tier == Tier.DEVICE:
@@ -263,8 +279,8 @@ class RadixTree:
             raise ValueError(f"extend: {num_pages} pages need {num_pages * self.page_size} tokens, got {arr.size}")
         parent = match.last
         tokens = arr[start * self.page_size:num_pages * self.page_size].copy()  # the caller's buffer may change
-        node = Node(next(self._ids), parent, tokens, num_pages - start, start_page=start)
-        parent.children[self._child_key(tokens, 0)] = node
+        node = Node(next(self._ids), parent, tokens, num_pages - start, self._child_key(tokens, 0), start_page=start)
+        parent.children[node.child_key] = node
         self._nodes[node.id] = node
         return node
 
@@ -349,10 +365,12 @@ class RadixTree:
 
     def clear_slots(self, node: Node, tier: Tier) -> np.ndarray:
         """Drop a node from a memory tier; returns the slots for the caller to free."""
-        slots = node.slots(tier)
+        if tier == Tier.DEVICE:
+            slots, node.device = node.device, None
+        else:
+            slots, node.host = node.host, None
         if slots is None:
             return np.zeros(0, dtype=np.int64)
-        self._assign(node, tier, None)
         self._pages_in[tier] -= node.num_pages
         self.orders[tier].remove(node.id)
         return slots
@@ -416,10 +434,9 @@ class RadixTree:
         while (node is not self.root and not node.children and node.lock_ref == 0
                and not node.has_presence() and not self._busy(node)):
             parent = node.parent
-            key = self._child_key(node.tokens, 0)
-            if parent is None or parent.children.get(key) is not node:
+            if parent is None or parent.children.get(node.child_key) is not node:
                 break  # already detached
-            del parent.children[key]
+            del parent.children[node.child_key]
             del self._nodes[node.id]
             for key in node.keys or ():
                 if self._by_key.get(key) is node:

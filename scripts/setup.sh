@@ -30,8 +30,12 @@ if [ ! -f "$stamp.base" ]; then
   pip install -q -e '.[demo]'
   touch "$stamp.base"
 fi
-# (re)build the io_uring extension when its source is newer than the built module, or it is missing
-if [ -f /usr/include/liburing.h ] && { ! ls storage/nvmeof/_uring*.so >/dev/null 2>&1 || [ storage/nvmeof/_uring.c -nt "$(ls storage/nvmeof/_uring*.so | head -1)" ]; }; then
+# (re)build the native extensions when a source is newer than its built module, or it is missing
+stale() {  # stale SOURCE MODULE_PREFIX
+  ! ls "$2"*.so >/dev/null 2>&1 || [ "$1" -nt "$(ls "$2"*.so | head -1)" ]
+}
+if stale radixtier/_slotpool.c radixtier/_slotpool \
+   || { [ -f /usr/include/liburing.h ] && stale storage/nvmeof/_uring.c storage/nvmeof/_uring; }; then
   pip install -q --no-build-isolation -e '.[demo]'
 fi
 if [ "$want_test" = 1 ]; then

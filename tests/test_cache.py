@@ -406,7 +406,7 @@ def test_an_inserts_fill_mark_does_not_stick_to_a_split_head():
     import numpy as np
 
     table = InFlight()
-    node, head = Node(1, None, np.zeros(0, dtype="<i8"), 0, []), Node(2, None, np.zeros(0, dtype="<i8"), 0, [])
+    node, head = Node(1, None, np.zeros(0, dtype="<i8"), 0, (), []), Node(2, None, np.zeros(0, dtype="<i8"), 0, (), [])
     table.begin_fill(node)
     table.on_split(node, head)  # the insert's own chunking splits the node it is filling
     table.end_fill(node)
@@ -495,6 +495,29 @@ def test_eviction_takes_what_is_needed_from_a_large_node_not_all_of_it(ns4):
     m = cache.match(big, beyond_memory=False)
     assert m.prefix_tokens == 800
     assert m.device_tokens >= (200 - 16) * 4  # only whole chunks covering the shortfall left the device
+    cache.close()
+
+
+def test_a_leaf_only_the_device_holds_gives_up_its_tail_in_place(ns4):
+    """No copy is wanted (write_back, a host pool smaller than a chunk) and nothing else holds the
+    pages: the victim loses whole chunks off its end, keeps its node and stays the oldest."""
+    cache = make_cache(ns4, device_pages=256, host_pages=4, promote_chunk_pages=8, write_policy="write_back")
+    big = list(range(800))  # 200 pages, one node
+    cache.insert(big, kv_for(ns4, big))
+    later = list(range(10**6, 10**6 + 160))  # 40 pages, more recently used
+    cache.insert(later, kv_for(ns4, later))
+    nodes = len(cache.tree)
+    assert cache.evict(Tier.DEVICE, 20) == 24  # the whole chunks covering 20 pages
+    assert len(cache.tree) == nodes  # no node made, none lost
+    assert cache.evict(Tier.DEVICE, 8) == 8  # the oldest is still the oldest: it gives again
+    assert cache.match(big, beyond_memory=False).prefix_tokens == (200 - 32) * 4
+    assert cache.match(later, beyond_memory=False).prefix_tokens == 160
+    for tokens in (big, later):
+        h = cache.prefetch(tokens)
+        r = h.load("wait_complete")
+        check_prefix(cache, ns4, tokens, r)  # what stayed is the bytes inserted
+        h.release()
+    assert cache.stats()["free_slots"]["device"] == 256 - 168 - 40
     cache.close()
 
 

@@ -106,3 +106,115 @@ def test_child_added_while_parent_is_away_joins_it_on_return():
     o.add("c", "a")
     o.add("a")
     assert o.children_of("a") == 2 and o.parent_of("c") == "a"
+
+
+# ---------------------------------------------------------------- against a reference model
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+KEYS = "abcdef"
+OPS = st.lists(st.tuples(st.sampled_from(("add", "add_pinned", "remove", "touch", "pin", "unpin", "hold",
+                                          "unhold", "set_parent", "insert_above", "insert_above_pinned")),
+                         st.sampled_from(KEYS), st.sampled_from(KEYS + "-")), max_size=60)
+
+
+class _Model:
+    """The order's rules written as plainly as possible: a present key's link to its parent (kept
+    while the parent is away, as long as some present key still links to it), pins, the held mark,
+    and a stamp per add or touch; the victims are the held ones, then the childless ones, oldest first."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.link, self.stamp, self.pins, self.held = {}, {}, {}, {}
+        self.clock = 0
+
+    def _tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def _children(self, key: str) -> int:
+        return sum(1 for k, p in self.link.items() if p == key)
+
+    def add(self, key: str, parent, pinned: bool) -> None:
+        if key in self.stamp:
+            self.stamp[key] = self._tick()
+            return
+        self.stamp[key], self.pins[key], self.held[key] = self._tick(), int(pinned), False
+        # a parent present, or away with a present key still linked to it, is kept
+        self.link[key] = parent if parent is not None and (parent in self.stamp or self._children(parent)) else None
+
+    def remove(self, key: str) -> None:
+        for d in (self.stamp, self.pins, self.held, self.link):
+            d.pop(key, None)
+
+    def evictable(self, key: str) -> bool:
+        if self.pins[key]:
+            return False
+        if self.held[key] and self.mode != PLAIN_LRU:
+            return True
+        return self.mode == PLAIN_LRU or self._children(key) == 0
+
+    def victims(self) -> list:
+        first = lambda k: (not (self.held[k] and self.mode != PLAIN_LRU), self.stamp[k])  # noqa: E731
+        return sorted((k for k in self.stamp if self.evictable(k)), key=first)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, mode=st.sampled_from((LEAVES_FIRST, PLAIN_LRU)))
+def test_the_order_matches_a_plain_model_of_its_rules(ops, mode):
+    o, m = EvictionOrder(mode), _Model(mode)
+    for op, key, other in ops:
+        parent = None if other in ("-", key) else other  # a key is never its own parent
+        present = key in m.stamp
+        if op in ("add", "add_pinned"):
+            o.add(key, parent, pinned=op == "add_pinned")
+            m.add(key, parent, op == "add_pinned")
+        elif op == "remove":
+            o.remove(key)
+            m.remove(key)
+        elif op == "touch":
+            o.touch(key)
+            if present:
+                m.stamp[key] = m._tick()
+        elif op == "pin" and present:
+            o.pin(key)
+            m.pins[key] += 1
+        elif op == "unpin" and present and m.pins[key]:
+            o.unpin(key)
+            m.pins[key] -= 1
+        elif op in ("hold", "unhold"):
+            o.hold(key, op == "hold")
+            if present and mode != PLAIN_LRU:
+                m.held[key] = op == "hold"
+        elif op.startswith("insert_above") and present and parent is not None and parent not in m.stamp \
+                and not m._children(parent):  # a tree split's head: a key the order has never seen
+            o.insert_above(key, parent, pinned=op.endswith("pinned"))
+            m.link[parent], m.link[key] = m.link[key], parent
+            m.stamp[parent], m.pins[parent], m.held[parent] = m._tick(), int(op.endswith("pinned")), False
+        elif op == "set_parent" and present:
+            o.set_parent(key, parent)
+            m.link[key] = parent if parent in m.stamp else None
+        want = m.victims()
+        assert o.victims(len(KEYS)) == want
+        assert o.peek_victim() == (want[0] if want else None)
+        assert o.num_evictable() == len(want)
+        for k in KEYS:
+            assert o.is_evictable(k) == (k in want)
+            if k in m.stamp:
+                assert o.children_of(k) == m._children(k)
+
+
+def test_touching_keys_over_and_over_does_not_grow_the_order():
+    """A touch leaves a stale entry behind in the heap; they must be dropped, not pile up."""
+    import tracemalloc
+
+    o = EvictionOrder()
+    for k in range(1000):
+        o.add(k)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(100_000):
+        o.touch(i % 1000)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 1_000_000, f"{grown} bytes kept for 1,000 keys touched 100,000 times"
+    assert o.num_evictable() == 1000 and o.peek_victim() == 0

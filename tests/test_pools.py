@@ -1,9 +1,24 @@
 """Page pools: slot accounting, clear errors, and host pages O_DIRECT can read into."""
 
+import resource
+
+import numpy as np
 import pytest
 import torch
 
+from radixtier import pools as pools_module
 from radixtier.pools import HOST_ALIGN, PagePool, PoolExhausted, resolve_device
+
+NATIVE = pools_module._native_free
+
+
+@pytest.fixture(params=["native", "numpy"], autouse=True)
+def free_path(request, monkeypatch):
+    """Every test runs on both ways free() can be done: the C pass and the numpy fallback."""
+    if request.param == "native" and NATIVE is None:
+        pytest.skip("radixtier._slotpool was not built (no C compiler at install): numpy path only")
+    monkeypatch.setattr(pools_module, "_native_free", NATIVE if request.param == "native" else None)
+    return request.param
 
 
 def pool(n=4, shape=(1000,)):
@@ -66,3 +81,29 @@ def test_cuda_without_cuda_is_a_clear_error():
         pytest.skip("CUDA is present on this machine: the error cannot occur")
     with pytest.raises(ValueError, match="CUDA is not available"):
         resolve_device("cuda")
+
+
+def test_runs_freed_together_are_all_or_nothing():
+    p = pool(8, (4,))
+    a, b = p.alloc(3), p.alloc(3)
+    with pytest.raises(RuntimeError, match="host pool: double free of slot"):
+        p.free_runs([a, np.array([b[0], 7])])  # slot 7 was never handed out
+    assert p.num_free == 2  # nothing was freed, the first run included
+    with pytest.raises(RuntimeError, match="given twice"):
+        p.free_runs([a, b[:1], a[1:2]])
+    assert p.num_free == 2
+    many = [np.array([s]) for s in np.concatenate([a, b])]  # one run per slot
+    p.free_runs(many)
+    assert sorted(p.alloc(8).tolist()) == list(range(8))  # every slot exactly once
+
+
+def test_freeing_a_large_pool_does_not_fault_in_memory_page_by_page():
+    """A pool's bookkeeping arrays are written in full when the pool is made: a lazily mapped one
+    faulted a fresh 4 KiB page on the first write of each free(), 25-35 us of a 2,048-slot free."""
+    p = PagePool("device", 1 << 20, (1,), torch.int8, torch.device("cpu"))
+    taken = [p.alloc(4096) for _ in range(256)]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for slots in taken:
+        p.free(slots)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 64, f"{faults} page faults freeing 256 x 4,096 slots"

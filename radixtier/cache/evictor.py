@@ -30,8 +30,10 @@ class Evictor:
     def alloc(self, tier: Tier, n: int) -> Optional[List[int]]:
         """n free slots in a memory tier, evicting unlocked pages if needed; None if it cannot."""
         pool = self.s.pools[tier]
+        if n > pool.num_pages:  # no eviction can make that room
+            return None
         slots = pool.try_alloc(n)
-        if slots is None and n <= pool.num_pages and self.reclaim(tier, n):
+        if slots is None and self.reclaim(tier, n):
             slots = pool.try_alloc(n)
         return slots
 
@@ -41,17 +43,26 @@ class Evictor:
         self.learn_storage_evictions()  # what leaves a tier must know whether tier 3 still has it
         freed: List[np.ndarray] = []  # returned to the pool in one call when the loop ends
         pending = 0
+        # the pool's count stays put in the loop: its frees wait for the end, and the loop allocates
+        # only from the other tier (a device victim's host copy)
+        short = need_free - pool.num_free
         try:
-            while pool.num_free + pending < need_free:
+            while pending < short:
                 victim = s.tree.peek_victim(tier)
                 if victim is None:
                     return False
-                victim = self._trim(victim, need_free - pool.num_free - pending)
+                tail = self._tail_pages(victim, short - pending)
+                if tail < victim.num_pages:
+                    if self._goes_outright(victim, tier):  # nothing else holds it: drop the tail in place
+                        freed.append(s.tree.drop_tail(victim, tier, tail))
+                        pending += tail
+                        continue
+                    s.tree.split(victim, victim.num_pages - tail)  # the victim keeps its last `tail` pages
                 pending += self._evict_node(victim, tier, freed)
             return True
         finally:
             if freed:
-                pool.free(np.concatenate(freed) if len(freed) > 1 else freed[0])
+                pool.free_runs(freed)
                 s.stats.record_eviction(tier, pending)
 
     def learn_storage_evictions(self) -> None:
@@ -82,15 +93,27 @@ class Evictor:
         return (self.s.config.write_policy == WritePolicy.WRITE_BACK or self.s.writer.is_hot(node)
                 or self._write_down(node))
 
-    def _trim(self, victim: Node, short: int) -> Node:
-        """A victim far larger than what is still needed gives up only its tail: the whole chunks
-        (promote_chunk_pages) that cover the shortfall. The rest stays cached, as it did when new
-        KV was placed chunk by chunk; an insert now stays one node, so the split happens here."""
+    def _tail_pages(self, victim: Node, short: int) -> int:
+        """How much of a victim goes: a victim far larger than what is still needed gives up only
+        its tail, the whole chunks (promote_chunk_pages) that cover the shortfall. The rest stays
+        cached, as it did when new KV was placed chunk by chunk (an insert now stays one node)."""
         chunk = self.s.config.promote_chunk_pages
-        tail = -(-short // chunk) * chunk
-        if victim.num_pages > tail:
-            self.s.tree.split(victim, victim.num_pages - tail)  # the victim keeps its last `tail` pages
-        return victim
+        return min(victim.num_pages, -(-short // chunk) * chunk)
+
+    def _goes_outright(self, node: Node, tier: Tier) -> bool:
+        """Its pages leave the cache with no copy made and no trace elsewhere: a leaf never hashed
+        (so never in tier 3 or the index), in no other memory tier, with nothing in flight, and
+        no copy wanted (or no room that could ever take one). Such a tail is dropped in place."""
+        s = self.s
+        if node.children or node.keys is not None or node.storage_pages or s.inflight.busy(node):
+            return False
+        if tier == Tier.DEVICE:
+            return node.host is None and not (self._must_keep_copy(node) and self._host_could_copy())
+        return node.device is None and not (s.store is not None and self._must_keep_copy(node))
+
+    def _host_could_copy(self) -> bool:
+        """Whether a device victim's host copy is ever attempted (see _copy_to_host)."""
+        return self.s.config.promote_chunk_pages <= self.s.host_pool.num_pages
 
     def _evict_node(self, node: Node, tier: Tier, freed: List[np.ndarray]) -> int:
         """Take a victim out of `tier`; its slots go on `freed` (for the caller to return) as soon as
@@ -98,21 +121,7 @@ class Evictor:
         s = self.s
         if tier == Tier.DEVICE:
             if node.host is None and self._must_keep_copy(node):
-                slots = self.alloc(Tier.HOST, node.num_pages)
-                chunk = s.config.promote_chunk_pages
-                if slots is None and node.num_pages > chunk:  # host room for a chunk, not the node?
-                    slots = self.alloc(Tier.HOST, chunk)
-                    if slots is not None:
-                        s.tree.split(node, node.num_pages - chunk)  # the victim keeps its last chunk
-                if slots is not None:  # inline device -> host copy: no clean victim was left
-                    try:
-                        s.mover.copy_now(s.device_pool, node.device, s.host_pool, slots)
-                    except Exception as exc:  # the page is dropped (a later miss), never half-copied
-                        log.warning("radixtier: inline device->host spill failed: %s", exc)
-                        s.stats.record_failure("device_to_host", node.num_pages)
-                        s.host_pool.free(slots)
-                    else:
-                        s.tree.set_slots(node, Tier.HOST, slots)
+                self._copy_to_host(node)
         elif tier == Tier.HOST:
             if (s.store is not None and not node.in_storage and s.inflight.get(WRITING, node) is None
                     and self._must_keep_copy(node)):
@@ -123,6 +132,30 @@ class Evictor:
             self.hold(node.keys, False)  # tier 3 has the only copy now (if it has one; never, if never hashed)
         s.tree.prune(node)
         return len(slots)
+
+    def _copy_to_host(self, node: Node) -> None:
+        """A device victim's inline device -> host copy (no clean victim was left): the node, or
+        its last chunk where the host has room for a chunk only. A host pool too small for
+        either (nothing to evict there could help) costs no allocation attempt."""
+        s = self.s
+        chunk = s.config.promote_chunk_pages
+        if node.num_pages > s.host_pool.num_pages and not self._host_could_copy():
+            return
+        slots = self.alloc(Tier.HOST, node.num_pages)
+        if slots is None and node.num_pages > chunk:  # host room for a chunk, not the node?
+            slots = self.alloc(Tier.HOST, chunk)
+            if slots is not None:
+                s.tree.split(node, node.num_pages - chunk)  # the victim keeps its last chunk
+        if slots is None:
+            return
+        try:
+            s.mover.copy_now(s.device_pool, node.device, s.host_pool, slots)
+        except Exception as exc:  # the page is dropped (a later miss), never half-copied
+            log.warning("radixtier: inline device->host spill failed: %s", exc)
+            s.stats.record_failure("device_to_host", node.num_pages)
+            s.host_pool.free(slots)
+        else:
+            s.tree.set_slots(node, Tier.HOST, slots)
 
     def _spill_inline(self, node: Node) -> None:
         """A host victim that must reach tier 3 first: stage its pages (a memory copy, under the
