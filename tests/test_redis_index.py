@@ -430,7 +430,7 @@ def test_server_errors_during_lookup_mean_redis_is_down(redis_server, reply):
     assert b.flush()
     real, calls = b._fetch_values, [0]
 
-    def failing(client, names):
+    def failing(*_args):
         calls[0] += 1
         raise BaseParser.parse_error(reply)  # exactly what redis-py raises for that server reply
 
@@ -542,3 +542,29 @@ def test_cluster_unreachable_at_start_is_degraded_and_lookups_stay_fast(tmp_path
     finally:
         srv.stop()
         a.close()
+
+
+@pytest.mark.parametrize("later_holder_first_seen_on_page", [1, 3])
+def test_chain_decoding_finds_holders_that_the_first_page_does_not_have(later_holder_first_seen_on_page):
+    """Pages mostly share their holders, and the decoder bets on the first page's: a holder seen
+    only later must still be told apart (its own liveness, the caller's own entries skipped)."""
+    from radixtier.storage.index.records import PageHolders, encode_record, node_field
+
+    def entry(node, slot):
+        return node_field(node) + encode_record(rec(node, slot))
+
+    late = later_holder_first_seen_on_page
+    values = []
+    for page in range(5):
+        holders = ["a", "me"] if page < late else ["late", "a", "me"]
+        values.append(b"".join(entry(n, 100 * page + i) for i, n in enumerate(holders)))
+
+    def slots(dead=()):
+        chain = PageHolders(values, exclude="me")
+        assert sorted(chain.nodes) == ["a", "late", "me"]
+        chain.keep_nodes([n not in dead for n in chain.nodes])
+        return [loc[1] for loc in chain.locations(NS_UUID)]
+
+    assert slots() == [100 * p for p in range(5)]  # each page's first holder: "a", then "late"
+    assert slots(dead=["late"]) == [100 * p + (p >= late) for p in range(5)]  # "a" serves every page
+    assert slots(dead=["a"]) == []  # page 0 has no live holder but the caller itself

@@ -40,6 +40,7 @@ MAX_HOLDERS = 16  # entries a page's value keeps (writers replace the oldest bey
 ENTRY_DTYPE = np.dtype({"names": ["node", "v", "tier", "rsv", "ns", "slot", "gen", "len", "crc"],
                         "formats": ["V48", "u1", "u1", "<u2", "V16", "<u8", "<u8", "<u4", "<u4"],
                         "offsets": [0, 48, 49, 50, 52, 68, 76, 84, 88], "itemsize": ENTRY_BYTES})
+_NS_WORD = ENTRY_DTYPE.fields["ns"][1] // 4  # the namespace's first 32-bit word in an entry
 
 
 def node_field(node: str) -> bytes:
@@ -54,6 +55,18 @@ def encode_record(rec: PageRecord) -> bytes:
     loc = rec.location
     return _REC.pack(RECORD_VERSION, _TIER_CODE[rec.tier], 0, bytes.fromhex(loc.namespace), loc.slot,
                      loc.generation, loc.length, loc.checksum, int(time.time()) & 0xFFFFFFFF)
+
+
+def _distinct(fold: np.ndarray, lead: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct value, each row's value index) of folded node ids, rows in page
+    order. Pages of one chain mostly share their holders: the first page's few values are tried
+    first (a search of each row among them), and the full sort runs only when another shows up."""
+    cand, first = np.unique(fold[:lead], return_index=True)  # the first page's rows come first
+    at = np.minimum(np.searchsorted(cand, fold), len(cand) - 1)
+    if bool((cand[at] == fold).all()):
+        return first, at
+    _u, first, inverse = np.unique(fold, return_index=True, return_inverse=True)
+    return first, inverse
 
 
 class PageHolders:
@@ -80,6 +93,7 @@ class PageHolders:
         sizes = lengths[:run] // ENTRY_BYTES
         blob = b"".join(values[:run])
         self.rows = np.frombuffer(blob, dtype=ENTRY_DTYPE, count=len(blob) // ENTRY_BYTES)
+        self._words = np.frombuffer(blob, dtype="<u4").reshape(-1, ENTRY_BYTES // 4)  # for word compares
         self.page = np.repeat(np.arange(run), sizes)
         self.pages = run
         r = self.rows
@@ -89,13 +103,14 @@ class PageHolders:
         # each fold's first row giving the name
         words = np.frombuffer(blob, dtype="<u8").reshape(-1, ENTRY_BYTES // 8)[:, :NODE_FIELD_BYTES // 8] \
             if len(r) else np.zeros((0, 6), dtype="<u8")
-        if len(r) and bool((words == words[0]).all()):  # one holder throughout (the common case): no sort
+        lead = words[:, 0] if len(r) else words[:0, 0]  # the first 8 bytes tell most holders apart: a cheap no
+        if len(r) and bool((lead == lead[0]).all()) and bool((words == words[0]).all()):  # one holder: no sort
             first, self._node_ix = np.zeros(1, dtype=np.intp), np.zeros(len(r), dtype=np.intp)
         else:
             fold = words[:, 0].copy()
             for c in range(1, words.shape[1]):
                 fold = fold * np.uint64(0x9E3779B97F4A7C15) ^ words[:, c]
-            _u, first, self._node_ix = np.unique(fold, return_index=True, return_inverse=True)
+            first, self._node_ix = _distinct(fold, int(sizes[0]))
         self.nodes = [bytes(r["node"][i]).rstrip(b"\0").decode("utf-8", errors="replace") for i in first.tolist()]
         mine = np.array([n == exclude for n in self.nodes] + [False], dtype=bool)[self._node_ix] if len(r) else \
             np.zeros(0, dtype=bool)
@@ -125,9 +140,14 @@ class PageHolders:
 
     def locations(self, namespace: str) -> List[LocationTuple]:
         """Leading run of pages a live holder has in tier 3 of `namespace`: one location each."""
-        ns = np.frombuffer(bytes.fromhex(namespace), dtype="V16")[0]
         r = self.rows
-        run, rows = self._first(self.ok & (r["tier"] == 0) & (r["ns"] == ns)) if len(r) else (0, [])
+        if len(r):
+            # the namespace as four 32-bit words (a 16-byte void compare costs twice as much as all four)
+            ns, w, at = np.frombuffer(bytes.fromhex(namespace), dtype="<u4"), self._words, _NS_WORD
+            same = (w[:, at] == ns[0]) & (w[:, at + 1] == ns[1]) & (w[:, at + 2] == ns[2]) & (w[:, at + 3] == ns[3])
+            run, rows = self._first(self.ok & (r["tier"] == 0) & same)
+        else:
+            run, rows = 0, []
         if run and int(rows[-1]) == run - 1:  # one usable entry per page, in order: a view, no gather
             sel = r[:run]
         else:

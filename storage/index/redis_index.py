@@ -42,6 +42,7 @@ from urllib.parse import parse_qs, urlparse
 from radixtier.storage import validate
 from radixtier.storage.api import PageRecord, Republisher
 from radixtier.storage.api import LocationTuple
+from radixtier.storage.index.packed_mget import Redirected, mget_command, packed_mget
 from radixtier.storage.index.records import (ENTRY_BYTES, MAX_HOLDERS, PageHolders, encode_record,
                                              node_field)
 
@@ -503,8 +504,7 @@ class RedisPrefixIndex:
                     return None  # nobody published the first page (or the pointer is foreign)
                 root = bytes(found)
             pre = f"{self._prefix}:{{{bytes(root).hex()}}}:p:"
-            names = [pre + k.hex() for k in keys]
-            values = self._reader.call(lambda c: self._fetch_values(c, names), build=False, chain=True)
+            values = self._reader.call(lambda c: self._fetch_values(c, pre, keys), build=False, chain=True)
             chain = PageHolders(values or [], exclude=self.node_id if exclude_self else "")
             if chain.rejected:
                 self._count("rejected_records", chain.rejected)
@@ -526,9 +526,16 @@ class RedisPrefixIndex:
             return None
         return chain
 
-    def _fetch_values(self, client, names: List[str]):
-        """The chain's page values: one MGET (one slot: the names share the root's hash tag)."""
-        return client.mget(names)
+    def _fetch_values(self, client, prefix: str, keys: Sequence[bytes]):
+        """The chain's page values: one MGET of prefix + hex(key) (one slot: the names share the
+        root's hash tag), packed in one pass where the keys allow (see packed_mget)."""
+        command = mget_command(prefix.encode(), keys)
+        if command is not None:
+            try:
+                return packed_mget(client, command, prefix + bytes(keys[0]).hex())
+            except Redirected:
+                pass
+        return client.mget([prefix + bytes(k).hex() for k in keys])
 
     def set_republisher(self, fn: Republisher) -> None:
         self._republish_fn = fn
