@@ -50,12 +50,13 @@ static PyObject *free_slots(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t r = 0; r < PySequence_Fast_GET_SIZE(seq); r++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, r), &runs[r], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, r), &runs[r], PyBUF_STRIDES | PyBUF_FORMAT) < 0)
             goto done;
         num_runs++;
         if (runs[r].itemsize != (Py_ssize_t)sizeof(int64_t) || runs[r].format == NULL ||
-            strchr("qlQL", runs[r].format[0]) == NULL || runs[r].format[1] != '\0') {
-            PyErr_Format(PyExc_TypeError, "free_slots: run %zd is not an int64 array (format %s)", r,
+            runs[r].format[0] == '\0' || strchr("qlQL", runs[r].format[0]) == NULL || runs[r].format[1] != '\0' ||
+            !PyBuffer_IsContiguous(&runs[r], 'C')) {
+            PyErr_Format(PyExc_TypeError, "free_slots: run %zd is not a contiguous int64 array (format %s)", r,
                          runs[r].format ? runs[r].format : "B");
             goto done;
         }

@@ -128,11 +128,17 @@ class PagePool:
             self.free_runs([arr])
 
     def free_runs(self, runs: Sequence[np.ndarray]) -> None:
-        """free() of several int64 slot arrays at once (an eviction's victims), checked together:
+        """free() of several C-contiguous int64 slot arrays at once (an eviction's victims), checked together:
         nothing is freed if any slot is bad, and nothing is concatenated first."""
+        if not len(runs):
+            return
         with self._lock:
             if _native_free is None:
-                self._free_numpy(np.concatenate(runs) if len(runs) > 1 else np.asarray(runs[0], dtype=np.int64))
+                wrong = next((r for r in runs if r.dtype != np.int64 or not r.flags.c_contiguous), None)
+                if wrong is not None:  # as the native pass checks
+                    raise TypeError(f"{self.name} pool: free_runs: a run is not a contiguous int64 array "
+                                    f"(dtype {wrong.dtype})")
+                self._free_numpy(np.concatenate(runs) if len(runs) > 1 else runs[0])
                 return
             try:
                 self._num_free = _native_free(self._used, self._free, self._num_free, runs)

@@ -100,26 +100,31 @@ class RedisServer:
         self.kill()
 
 
-def start_cluster(workdir: str, nodes: int = 3) -> "List[RedisServer]":
-    """A real Redis Cluster of `nodes` masters on loopback (needs redis-cli); stop() each when done."""
+def start_cluster(workdir: str, nodes: int = 3, replicas: int = 0) -> "List[RedisServer]":
+    """A real Redis Cluster of `nodes` masters, each with `replicas` replicas, on loopback (needs
+    redis-cli); the masters come first in the list. stop() each when done. With replicas a master
+    is failed over after 1 s without an answer (cluster-node-timeout), so tests can kill one."""
     import redis
 
     servers: List[RedisServer] = []
     try:
-        for i in range(nodes):
+        for i in range(nodes * (1 + replicas)):
             d = os.path.join(workdir, f"c{i}")
             servers.append(RedisServer(d, extra=["--cluster-enabled", "yes", "--cluster-config-file",
-                                                 os.path.join(d, "nodes.conf")]))
+                                                 os.path.join(d, "nodes.conf"), "--cluster-node-timeout", "1000"]))
         out = subprocess.run(["redis-cli", "--cluster", "create"] + [f"127.0.0.1:{s.port}" for s in servers]
-                             + ["--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
+                             + ["--cluster-replicas", str(replicas), "--cluster-yes"], capture_output=True, text=True,
                              timeout=60)
         if out.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout} {out.stderr}")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
+            infos = [redis.Redis(port=s.port).info("replication") for s in servers]
             if all(redis.Redis(port=s.port).execute_command("CLUSTER INFO")["cluster_state"] == "ok"
-                   for s in servers):
-                return servers
+                   for s in servers) and all(i["role"] == "master" or i.get("master_link_status") == "up"
+                                             for i in infos):
+                masters = [s for s, i in zip(servers, infos) if i["role"] == "master"]
+                return masters + [s for s in servers if s not in masters]
             time.sleep(0.1)
         raise RuntimeError("Redis Cluster did not reach state ok")
     except BaseException:

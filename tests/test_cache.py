@@ -339,6 +339,28 @@ def test_refill_under_pressure_never_loses_the_node_it_fills(ns4):
     cache.close()
 
 
+def test_refilling_a_path_that_must_be_chunked_puts_each_page_where_it_belongs(ns4):
+    """Empty structural nodes on the insert's path are refilled from the caller's KV; when the
+    device has no room for a whole node it is split into chunks on the way, and the nodes after
+    it must still get their own pages (regression: the offset followed the shrunken node, so the
+    next node was filled with the previous node's pages)."""
+    cache = make_cache(ns4, device_pages=2, host_pages=32, promote_chunk_pages=2)
+    tokens = list(range(48))  # 12 pages of 4 tokens
+    cache.tree.insert(tokens[:16])  # pages 0-3 and 4-7 as structure only (e.g. tier 3 dropped them)
+    cache.tree.insert(tokens[:32])
+    assert cache.insert(tokens, kv_for(ns4, tokens)) == 12
+    want = kv_for(ns4, tokens)
+    seen = 0
+    for node in cache.tree.match(tokens).nodes:
+        pool, slots = (cache.device_pool, node.device) if node.device is not None else (cache.host_pool, node.host)
+        got = pool.read(slots)
+        for i in range(node.num_pages):
+            assert torch.equal(got[i], want[node.start_page + i]), f"page {node.start_page + i} holds other bytes"
+        seen += node.num_pages
+    assert seen == 12
+    cache.close()
+
+
 def test_prefetch_never_evicts_the_prefix_it_just_planned(ns4, store):
     """Host room for a storage promotion must not come from the host pages planned before it."""
     c = make_cache(ns4, store, device_pages=1, host_pages=1, promote_chunk_pages=1)

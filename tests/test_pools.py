@@ -107,3 +107,20 @@ def test_freeing_a_large_pool_does_not_fault_in_memory_page_by_page():
         p.free(slots)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert faults < 64, f"{faults} page faults freeing 256 x 4,096 slots"
+
+
+def test_odd_runs_get_the_same_answer_on_both_paths():
+    p = pool(8, (4,))
+    a = p.alloc(4)
+    p.free_runs([])  # nothing to free: no error, nothing changes
+    assert p.num_free == 4
+    with pytest.raises(TypeError, match="host pool: .*int64"):
+        p.free_runs([a.astype(np.int32)])
+    assert p.num_free == 4
+    wide = np.empty(8, dtype=np.int64)
+    wide[::2] = a  # a strided view: refused, as free() would make it contiguous first
+    with pytest.raises(TypeError, match="host pool: .*contiguous int64"):
+        p.free_runs([a[:2], wide[::2]])
+    assert p.num_free == 4
+    p.free(wide[::2])
+    assert p.num_free == 8

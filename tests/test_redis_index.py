@@ -336,6 +336,32 @@ def test_redis_cluster_spreads_chains_and_keeps_each_lookup_in_one_slot(tmp_path
             s.stop()
 
 
+def test_lookups_find_a_chain_again_after_its_master_fails_over(tmp_path):
+    """The packed MGET picks the node from the client's slot map; a dead master must send the
+    lookup through redis-py's mget, which asks for the refresh that finds the promoted replica."""
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed")
+    servers = start_cluster(str(tmp_path), nodes=3, replicas=1)
+    try:
+        url = f"redis://127.0.0.1:{servers[0].port}/0"
+        a = index(url, "node-a", cluster=True, lookup_timeout_s=0.5)
+        b = index(url, "node-b", cluster=True, lookup_timeout_s=0.5)
+        ch = [k(7000 + i) for i in range(8)]
+        a.publish(ch[0], ch, [rec("node-a", i) for i in range(8)])
+        assert a.flush()
+        assert wait_for(lambda: len(b.lookup(ch[0], ch)) == 8)
+        master = next(s for s in servers[:3] if redis.Redis(port=s.port).keys(f"radixtier:test:{{{ch[0].hex()}}}:p:*"))
+        assert redis.Redis(port=master.port).execute_command("WAIT", 1, 5000) == 1  # the replica has the chain
+        master.kill()
+        t = time.monotonic()
+        assert wait_for(lambda: len(b.lookup(ch[0], ch)) == 8, timeout=30), "the chain was not found after failover"
+        print(f"found again {time.monotonic() - t:.1f} s after the master died")
+        a.close(), b.close()
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def test_a_failing_batch_is_retried_not_lost(redis_server):
     """A server error that is not a lost connection (a cluster mid-election) must not drop updates."""
     a = index(redis_server.url, "node-a")
@@ -568,3 +594,22 @@ def test_chain_decoding_finds_holders_that_the_first_page_does_not_have(later_ho
     assert slots() == [100 * p for p in range(5)]  # each page's first holder: "a", then "late"
     assert slots(dead=["late"]) == [100 * p + (p >= late) for p in range(5)]  # "a" serves every page
     assert slots(dead=["a"]) == []  # page 0 has no live holder but the caller itself
+
+
+@pytest.mark.parametrize("values", [[], [None], [None, b"x" * 96], [b""], [b"", b"x" * 96]])
+def test_a_chain_with_no_entries_is_a_plain_miss(values):
+    """A chain whose first page is absent (the commonest lookup of all) is a miss, not a failure."""
+    from radixtier.storage.index.records import PageHolders
+
+    chain = PageHolders(values, exclude="me")
+    assert (chain.pages, chain.nodes, chain.rejected) == (0, [], 0)
+    assert chain.keep_nodes([]) == 0
+    assert chain.run_length() == 0 and chain.locations(NS_UUID) == [] and chain.records(4) == []
+
+
+def test_lookups_of_chains_nobody_published_count_no_failures(redis_server):
+    a = index(redis_server.url, "node-a")
+    keys = [k(i) for i in range(8)]
+    assert a.lookup(keys[0], keys) == []
+    assert a.health()["lookup_failures"] == 0
+    a.close()

@@ -201,12 +201,13 @@ class TieredKVCache:
     def _insert_placing(self, m: TreeMatch, arr, kv_pages: torch.Tensor, first_page: int, total: int) -> int:
         s = self._s
         added = 0
-        offset = 0
         for node in m.nodes:  # refill structural nodes that lost every copy
-            if (not node.has_presence() and s.inflight.get(PROMOTING, node) is None and offset >= first_page
+            # The node's own page offset, read before placing: placing may chunk it (the node
+            # keeps only its tail), so a running sum of num_pages would drift off the request.
+            start, n = node.start_page, node.num_pages
+            if (not node.has_presence() and s.inflight.get(PROMOTING, node) is None and start >= first_page
                     and s.inflight.get(LOADING, node) is None):
-                added += s.writer.place_new(node, kv_pages[offset - first_page:offset - first_page + node.num_pages])
-            offset += node.num_pages
+                added += s.writer.place_new(node, kv_pages[start - first_page:start - first_page + n])
         if m.num_pages < first_page:
             return added  # the prefix this KV extends is not cached any more
         node = s.tree.extend(m, arr, total)

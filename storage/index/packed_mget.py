@@ -6,9 +6,13 @@ them. The names share one prefix and every page key is 16 bytes, so the whole co
 array of equal rows, filled by numpy in one pass (~15 us). It goes out on one of the client's own
 connections, whose parser (hiredis) reads the reply, with the client's timeouts.
 
-Clusters: the names share the chain root's hash tag, so one node holds them all. A redirect
-(MOVED or ASK during resharding) or any other server error there is answered by redis-py's own
-mget instead, which follows redirects and refreshes the slot map (`Redirected`).
+Clusters: the names share the chain root's hash tag, so one node holds them all. Whatever that
+node does not answer itself (a redirect, MOVED or ASK during resharding; a server error; a lost
+link or a timeout, e.g. a master that died; a slot the client's map does not cover) is answered
+by redis-py's own mget instead (`Redirected`): it follows redirects and, on a lost node, asks for
+the slot-map refresh that finds the replica promoted in its place. The packed path never reads
+the map itself, so without that fallback a failover would never be noticed. It reads masters
+only (redis-py's read_from_replicas does not apply to it; the fallback honours it).
 """
 
 from __future__ import annotations
@@ -44,12 +48,23 @@ def packed_mget(client, command: bytes, first_name: str) -> List[Optional[bytes]
     """Send a packed MGET on one of `client`'s connections (a redis.Redis, or a RedisCluster: then
     the node holding `first_name`); the reply as client.mget would give it."""
     from redis.cluster import RedisCluster
-    from redis.exceptions import ResponseError
+    from redis.exceptions import ConnectionError, RedisClusterException, ResponseError, TimeoutError
 
     cluster = isinstance(client, RedisCluster)
-    target = client.get_redis_connection(client.get_node_from_key(first_name)) if cluster else client
+    if cluster:
+        try:
+            target = client.get_redis_connection(client.get_node_from_key(first_name))
+        except RedisClusterException as exc:  # e.g. SlotNotCoveredError while the map is stale
+            raise Redirected() from exc
+    else:
+        target = client
     pool = target.connection_pool
-    conn = pool.get_connection()
+    try:
+        conn = pool.get_connection()
+    except (ConnectionError, TimeoutError) as exc:
+        if cluster:
+            raise Redirected() from exc
+        raise
     try:
         conn.send_packed_command([command])  # a list of chunks, as pack_command makes
         reply = conn.read_response()
@@ -57,7 +72,12 @@ def packed_mget(client, command: bytes, first_name: str) -> List[Optional[bytes]
         if cluster:
             raise Redirected() from exc
         raise
-    except BaseException:  # a timeout or a broken link may leave a reply in flight: never reuse it
+    except (ConnectionError, TimeoutError) as exc:  # a reply may be in flight: never reuse the link
+        conn.disconnect()
+        if cluster:  # redis-py's mget meets the same node and asks for the slot-map refresh
+            raise Redirected() from exc
+        raise
+    except BaseException:
         conn.disconnect()
         raise
     finally:

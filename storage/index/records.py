@@ -103,8 +103,10 @@ class PageHolders:
         # each fold's first row giving the name
         words = np.frombuffer(blob, dtype="<u8").reshape(-1, ENTRY_BYTES // 8)[:, :NODE_FIELD_BYTES // 8] \
             if len(r) else np.zeros((0, 6), dtype="<u8")
-        lead = words[:, 0] if len(r) else words[:0, 0]  # the first 8 bytes tell most holders apart: a cheap no
-        if len(r) and bool((lead == lead[0]).all()) and bool((words == words[0]).all()):  # one holder: no sort
+        lead = words[:, 0]  # the first 8 bytes tell most holders apart: a cheap no
+        if not len(r):  # the first page is absent (a plain miss): no holders
+            first, self._node_ix = np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp)
+        elif bool((lead == lead[0]).all()) and bool((words == words[0]).all()):  # one holder: no sort
             first, self._node_ix = np.zeros(1, dtype=np.intp), np.zeros(len(r), dtype=np.intp)
         else:
             fold = words[:, 0].copy()

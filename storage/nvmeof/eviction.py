@@ -92,10 +92,24 @@ class EvictionOrder:
         """Up to `limit` keys in eviction order (an evicted leaf may expose its parent; call again)."""
         out: List[Hashable] = []
         for heap in (self._held, self._evictable):
-            if len(out) >= limit:
-                break
-            live = (item for item in heap if self._is_live(item, heap))
-            out += [key for _stamp, _token, key in heapq.nsmallest(limit - len(out), live)]
+            if len(out) < limit:
+                out += self._smallest_live(heap, limit - len(out))
+        return out
+
+    def _smallest_live(self, heap: list, limit: int) -> List[Hashable]:
+        """The `limit` smallest live keys of a heap, without walking all of it: a heap's smallest
+        items are found from its root down (an item is smaller than its children), so this
+        examines the items it returns, the stale ones among them, and their children."""
+        out: List[Hashable] = []
+        size = len(heap)
+        frontier = [(heap[0], 0)] if size else []  # (item, its index); items are unique by token
+        while frontier and len(out) < limit:
+            item, i = heapq.heappop(frontier)
+            if self._is_live(item, heap):
+                out.append(item[2])
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < size:
+                    heapq.heappush(frontier, (heap[child], child))
         return out
 
     def peek_victim(self) -> Optional[Hashable]:
