@@ -352,6 +352,11 @@ TARGETS = {"reads": TARGET_READ_VS_FIO, "layer_first": TARGET_READ_VS_FIO, "writ
            "readers": TARGET_READERS_VS_FIO}
 
 
+def _ratio(x: float, digits: int) -> str:
+    """A ratio cell; '-' where the reference was not measured (NaN)."""
+    return "-" if x != x else f"{x:.{digits}f}x"
+
+
 def report(a: argparse.Namespace, rows: List[Dict[str, object]]) -> None:
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
@@ -367,8 +372,8 @@ def report(a: argparse.Namespace, rows: List[Dict[str, object]]) -> None:
         vf = r.get("vs_fio", nan)
         what = r["part"] + (f" x{r['procs']}" if r["part"] == "readers" else "")
         lines.append(f"| {r['where']} | {what} | {r['page_bytes'] >> 10} KiB | {cell['radixtier']} | {cell['fio']} | "
-                     f"{cell.get('raw', '-')} | {cell.get('hicachefile', '-')} | {vf:.2f}x | "
-                     f"{r.get('vs_raw', nan):.2f}x | {r.get('vs_hicachefile', nan):.1f}x | "
+                     f"{cell.get('raw', '-')} | {cell.get('hicachefile', '-')} | {_ratio(vf, 2)} | "
+                     f"{_ratio(r.get('vs_raw', nan), 2)} | {_ratio(r.get('vs_hicachefile', nan), 1)} | "
                      f"{target}x: {'met' if vf >= target else 'not met'} |")
     table = "\n".join(lines)
     md = os.path.splitext(a.out)[0] + ".md"

@@ -171,11 +171,16 @@ def test_the_order_matches_a_plain_model_of_its_rules(ops, mode):
         elif op == "remove":
             o.remove(key)
             m.remove(key)
-        elif op in ("touch", "touch_40"):  # 40 touches leave 39 stale entries: the heaps compact
-            for _ in range(40 if op == "touch_40" else 1):
-                o.touch(key)
-                if present:
-                    m.stamp[key] = m._tick()
+        elif op == "touch":
+            o.touch(key)
+            if present:
+                m.stamp[key] = m._tick()
+        elif op == "touch_40":  # a store's batch of reads: 40 touches leave stale entries, the heaps compact
+            batch = [key, other] * 20
+            o.touch_many(batch)
+            for k in batch:
+                if k in m.stamp:
+                    m.stamp[k] = m._tick()
         elif op == "pin" and present:
             o.pin(key)
             m.pins[key] += 1

@@ -198,3 +198,16 @@ def test_a_read_the_ring_never_ran_is_a_miss_and_keeps_the_page(tmp_path, monkey
     monkeypatch.setattr(s._engine, "read_pages", real)
     assert s.get([key(2)], out[1:]) == [True] and torch.equal(out[1], content(2))
     s.close()
+
+
+def test_a_page_two_reads_hold_stays_held_until_both_end():
+    """Pages in read are kept per read: one read ending must not free a page another still reads."""
+    from radixtier.storage.nvmeof.reading import PagesInRead
+
+    r = PagesInRead()
+    a = r.begin([key(1), key(2)])
+    b = r.begin([key(2), key(3)])
+    r.end(a)
+    assert key(1) not in r and key(2) in r and key(3) in r
+    r.end(b)
+    assert key(2) not in r and len(r) == 0

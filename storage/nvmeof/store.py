@@ -19,6 +19,7 @@ What it guarantees:
 from __future__ import annotations
 
 import logging
+from operator import itemgetter
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from radixtier.storage.nvmeof.io_engine import IOV_MAX, MAX_QUEUE_DEPTH, IOOp, a
 from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
                                       SlotHeader, Superblock, TableEntry, align_up, checksum)
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
+from radixtier.storage.nvmeof.reading import PagesInRead
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
 from radixtier.storage.nvmeof.target import open_target, read_aligned, write_aligned
 from radixtier.storage.validate import VERIFY_MODES, one_of, positive_int, positive_seconds
@@ -51,6 +53,7 @@ _FAILURE_COUNTER = {2: "corrupt_header", 3: "corrupt_checksum", 5: "corrupt_stal
 # of pages adds nothing to the full collections that pause every thread of an SGLang process.
 _Slot = Tuple[int, int, int, int, Optional[bytes]]
 SLOT, GEN, LENGTH, CSUM, PARENT = range(5)
+_LENGTH_OF = itemgetter(LENGTH)
 
 
 class _CallGate:
@@ -271,7 +274,7 @@ class NvmeofPageStore:
         self._table_lock = threading.Lock()
         self._index: Dict[bytes, _Slot] = {}
         self._order = EvictionOrder(eviction)
-        self._readers: Dict[bytes, int] = {}  # pages being read now: never chosen as victims, never dropped
+        self._readers = PagesInRead()  # pages being read now: never chosen as victims, never dropped
         self._touched: List[bytes] = []  # pages read since the eviction order last caught up
         self._evicted: List[bytes] = []
         prev = self._lease.previous
@@ -653,7 +656,7 @@ class NvmeofPageStore:
         blocks = []
         with self._lock:
             for k in keys:
-                if k in self._index and not self._readers.get(k):
+                if k in self._index and k not in self._readers:
                     s = self._drop(k)
                     self._set_entry(s[SLOT], None)
                     self._free.append(s[SLOT])
@@ -692,19 +695,17 @@ class NvmeofPageStore:
                 if s is None:
                     self.counters.misses += 1
                     continue
-                self._readers[key] = self._readers.get(key, 0) + 1
                 plan.append((i, key, s))
-            self._note_reads([key for _i, key, _s in plan])
+            pinned = [key for _i, key, _s in plan]
+            reading = self._readers.begin(pinned)
+            self._note_reads(pinned)
         good = [False] * len(plan)
         try:
             good = self._read_verified([(s[SLOT], key, s[GEN], s[LENGTH], s[CSUM], segs[i])
                                         for i, key, s in plan])
         finally:
             with self._lock:
-                for _i, key, _s in plan:
-                    self._readers[key] -= 1
-                    if not self._readers[key]:
-                        del self._readers[key]
+                self._readers.end(reading)
         blocks = []
         with self._lock:
             for (i, key, s), g in zip(plan, good):
@@ -723,39 +724,41 @@ class NvmeofPageStore:
         try:
             lengths = batch.lengths()
             with self._lock:
-                get = self._index.get
-                plan = [(i, key, s) for i, (key, s) in enumerate(zip(keys, map(get, keys))) if s is not None]
-                for i, key, s in plan:  # every size checked before any page is pinned
-                    if lengths[i] != s[LENGTH]:
-                        raise ValueError(f"get: buffer for page {key.hex()} has {lengths[i]} bytes, the stored "
-                                         f"page has {s[LENGTH]}")
+                slots = list(map(self._index.get, keys))
+                if None in slots:
+                    plan = [(i, key, s) for i, (key, s) in enumerate(zip(keys, slots)) if s is not None]
+                    stored, asked = [s[LENGTH] for _i, _k, s in plan], [lengths[i] for i, _k, _s in plan]
+                else:  # the usual case, every page here: plan and size check without a Python step per page
+                    plan = list(zip(range(len(keys)), keys, slots))
+                    stored, asked = list(map(_LENGTH_OF, slots)), lengths
+                if stored != asked:  # every size checked before any page is pinned
+                    j = next(j for j, (a, b) in enumerate(zip(asked, stored)) if a != b)
+                    raise ValueError(f"get: buffer for page {plan[j][1].hex()} has {asked[j]} bytes, the stored "
+                                     f"page has {stored[j]}")
                 self.counters.misses += len(keys) - len(plan)
-                pinned = [key for _i, key, _s in plan]
-                readers = self._readers
-                for key in pinned:
-                    readers[key] = readers.get(key, 0) + 1
+                pinned = [key for _i, key, _s in plan] if len(plan) < len(keys) else keys
+                reading = self._readers.begin(pinned)
                 self._note_reads(pinned)
             status, err = b"\x04" * len(plan), 0
             try:
                 status, err = self._read_batch(batch, plan)
             finally:
                 with self._lock:
-                    for key in pinned:
-                        n = readers[key] - 1
-                        if n:
-                            readers[key] = n
-                        else:
-                            del readers[key]
+                    self._readers.end(reading)
         finally:
             batch.close()
-        ok = [False] * len(keys)
         if status.count(0) == len(plan):  # the usual case: every page proven
-            for i, _key, _s in plan:
-                ok[i] = True
+            if len(plan) == len(keys):
+                ok = [True] * len(keys)
+            else:
+                ok = [False] * len(keys)
+                for i, _key, _s in plan:
+                    ok[i] = True
             with self._lock:
                 self.counters.reads += len(plan)
-                self.counters.read_bytes += sum(lengths[i] for i, _key, _s in plan)
+                self.counters.read_bytes += sum(stored)
             return ok
+        ok = [False] * len(keys)
         bad, good_bytes = [], 0
         for j, st in enumerate(status):
             if st == 0:
@@ -797,7 +800,7 @@ class NvmeofPageStore:
         again -- unless the key moved on meanwhile (rewritten) or another reader holds it (called
         under the lock; the table blocks to flush are appended to `blocks`)."""
         cur = self._index.get(key)
-        if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] and not self._readers.get(key):
+        if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] and key not in self._readers:
             self._drop(key)
             self._set_entry(s[SLOT], None)
             self._free.append(s[SLOT])
