@@ -211,3 +211,21 @@ def test_a_page_two_reads_hold_stays_held_until_both_end():
     assert key(1) not in r and key(2) in r and key(3) in r
     r.end(b)
     assert key(2) not in r and len(r) == 0
+
+
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_a_read_that_fails_midway_leaves_no_page_marked_as_being_read(tmp_path, monkeypatch, engine):
+    """A failed read must end its registration: else its pages could never be evicted or deleted."""
+    s = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=4 << 20, io_engine=engine)
+    assert all(s.put([key(1), key(2)], [content(1), content(2)]).ok)
+    name = "read_pages" if s._engine.native_pages else "run"
+
+    def broken(*args):
+        raise OSError(5, "injected")
+
+    monkeypatch.setattr(s._engine, name, broken)
+    with pytest.raises(OSError):
+        s.get([key(1), key(2)], [torch.zeros(PAGE, dtype=torch.uint8) for _ in range(2)])
+    monkeypatch.undo()
+    assert s.delete([key(1), key(2)]) == 2  # neither page was left marked as being read
+    s.close()

@@ -344,8 +344,11 @@ def test_lookups_find_a_chain_again_after_its_master_fails_over(tmp_path):
     servers = start_cluster(str(tmp_path), nodes=3, replicas=1)
     try:
         url = f"redis://127.0.0.1:{servers[0].port}/0"
-        a = index(url, "node-a", cluster=True, lookup_timeout_s=0.5)
-        b = index(url, "node-b", cluster=True, lookup_timeout_s=0.5)
+        # Liveness outlasts the failover (longer than the 5 s default, for a loaded CI machine): with a 1 s TTL a slow
+        # election made node-a look dead, its records were collected, and nothing was left to find.
+        live = dict(cluster=True, lookup_timeout_s=0.5, node_ttl_s=30.0, gc_interval_s=60.0)
+        a = index(url, "node-a", **live)
+        b = index(url, "node-b", **live)
         ch = [k(7000 + i) for i in range(8)]
         a.publish(ch[0], ch, [rec("node-a", i) for i in range(8)])
         assert a.flush()
@@ -354,7 +357,8 @@ def test_lookups_find_a_chain_again_after_its_master_fails_over(tmp_path):
         assert redis.Redis(port=master.port).execute_command("WAIT", 1, 5000) == 1  # the replica has the chain
         master.kill()
         t = time.monotonic()
-        assert wait_for(lambda: len(b.lookup(ch[0], ch)) == 8, timeout=30), "the chain was not found after failover"
+        assert wait_for(lambda: len(b.lookup(ch[0], ch)) == 8, timeout=30), \
+            f"the chain was not found after failover: reader {b.counters}, writer {a.health()}"
         print(f"found again {time.monotonic() - t:.1f} s after the master died")
         a.close(), b.close()
     finally:

@@ -13,6 +13,9 @@ by redis-py's own mget instead (`Redirected`): it follows redirects and, on a lo
 the slot-map refresh that finds the replica promoted in its place. The packed path never reads
 the map itself, so without that fallback a failover would never be noticed. It reads masters
 only (redis-py's read_from_replicas does not apply to it; the fallback honours it).
+The price: a chain whose node is alive but slower than the lookup timeout waits for two
+timeouts (the packed try, then redis-py's) before the lookup gives up on it; a hung node that
+times out is told apart from a slow one only by that second try and redis-py's refresh.
 """
 
 from __future__ import annotations

@@ -697,8 +697,8 @@ class NvmeofPageStore:
                     continue
                 plan.append((i, key, s))
             pinned = [key for _i, key, _s in plan]
-            reading = self._readers.begin(pinned)
             self._note_reads(pinned)
+            reading = self._readers.begin(pinned)  # the last step before the try that ends it
         good = [False] * len(plan)
         try:
             good = self._read_verified([(s[SLOT], key, s[GEN], s[LENGTH], s[CSUM], segs[i])
@@ -737,8 +737,8 @@ class NvmeofPageStore:
                                      f"page has {stored[j]}")
                 self.counters.misses += len(keys) - len(plan)
                 pinned = [key for _i, key, _s in plan] if len(plan) < len(keys) else keys
-                reading = self._readers.begin(pinned)
                 self._note_reads(pinned)
+                reading = self._readers.begin(pinned)  # the last step before the try that ends it
             status, err = b"\x04" * len(plan), 0
             try:
                 status, err = self._read_batch(batch, plan)
