@@ -114,13 +114,12 @@ class PageHolders:
                 fold = fold * np.uint64(0x9E3779B97F4A7C15) ^ words[:, c]
             first, self._node_ix = _distinct(fold, int(sizes[0]))
         self.nodes = [bytes(r["node"][i]).rstrip(b"\0").decode("utf-8", errors="replace") for i in first.tolist()]
-        mine = np.array([n == exclude for n in self.nodes] + [False], dtype=bool)[self._node_ix] if len(r) else \
-            np.zeros(0, dtype=bool)
+        mine = np.array([n == exclude for n in self.nodes] + [False], dtype=bool)[self._node_ix]
         self.ok = valid & ~mine
 
     def keep_nodes(self, live: Sequence[bool]) -> int:
         """Drop entries of nodes not alive (live[i] for nodes[i]); returns how many that ignored."""
-        alive = np.array(list(live) + [False], dtype=bool)[self._node_ix] if len(self.rows) else self.ok
+        alive = np.array(list(live) + [False], dtype=bool)[self._node_ix]
         dropped = int(np.count_nonzero(self.ok & ~alive))
         self.ok &= alive
         return dropped
