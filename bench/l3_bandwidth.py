@@ -323,6 +323,8 @@ def measure(a: argparse.Namespace, where: str, work: str, part: str, size: int) 
         except ImportError as exc:
             print(f"HiCacheFile skipped: sglang unavailable ({exc})", file=sys.stderr)
     fio_file = os.path.join(work, "fio-write.img")
+    if part == "writes":  # untimed, as radixtier's first write in Namespace(): both then overwrite allocated blocks
+        fio_write_once(fio_file, n * ns.slot_bytes, ns.slot_bytes, a.queue_depth, batch)
     try:
         for _ in tqdm(range(a.reps), desc=f"{part} {size >> 10}KiB", file=sys.stderr, leave=False):
             if part == "writes":

@@ -76,6 +76,24 @@ def test_a_namespace_written_by_one_path_reads_back_on_the_other(tmp_path, write
     s.close()
 
 
+def test_both_paths_write_the_same_slot_table_bytes(tmp_path):
+    """The native core packs each page's table entry itself: byte for byte layout.TableEntry.pack
+    (parents, generations and the entry CRC included), so recovery reads either path's table."""
+    tables = []
+    for engine in ("threads", "io_uring"):
+        path = str(tmp_path / f"{engine}.img")
+        s = NvmeofPageStore(path, PAGE, create_bytes=4 << 20, io_engine=engine)
+        parents = [None] + [key(i) for i in range(9)]
+        assert all(s.put([key(i) for i in range(10)], [content(i) for i in range(10)], parents).ok)
+        sb = s.sb
+        s.close()
+        with open(path, "rb") as f:
+            f.seek(sb.table_offset)
+            tables.append(f.read(sb.data_offset - sb.table_offset))
+    assert tables[0] == tables[1]
+    assert tables[0].count(b"\x00") < len(tables[0])  # the entries are there
+
+
 def test_every_buffer_shape_round_trips(tmp_path):
     """Aligned tensors (read in place), unaligned ones (bounced), K/V segment lists, raw
     (address, nbytes) pairs, bytearrays and pages shorter than a block."""

@@ -243,7 +243,7 @@ def _fail_writes(s: NvmeofPageStore, monkeypatch) -> None:
     """Every data write of `s` fails (EIO), on whichever page path its engine runs."""
     if s._engine.native_pages:
         monkeypatch.setattr(s._engine, "write_pages", lambda batch, fd, d, sb, u, plan, c, direct:
-                            (b"\x01" * len(plan), [0] * len(plan), 5))
+                            (b"\x01" * len(plan), [0] * len(plan), bytes(64 * len(plan)), 5))
     else:
         monkeypatch.setattr(s, "_run_coalesced", lambda write, ops, on_done=None: [False] * len(ops))
 

@@ -24,6 +24,7 @@ typedef struct {
 void rt_crc32c_init(void);
 int rt_crc32c_hardware(void);
 uint32_t rt_crc32c(uint32_t crc, const void *buf, size_t len);
+int rt_submit_queued(struct io_uring *ring, int queued, int *err);
 
 extern PyTypeObject RtPageBatchType;
 PyObject *rt_ring_read_pages(RingObject *self, PyObject *args);

@@ -115,6 +115,24 @@ static void Ring_dealloc(RingObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Hand `queued` prepared SQEs to the kernel, retrying transient refusals (EINTR, EAGAIN, EBUSY, a
+ * zero count). Returns how many reached it; *err is 0, or -errno when it gave up on the rest. */
+int rt_submit_queued(struct io_uring *ring, int queued, int *err) {
+    int sent = 0, tries = 0;
+    *err = 0;
+    while (sent < queued) {
+        int rc = io_uring_submit(ring);
+        if (rc > 0) {
+            sent += rc;
+            continue;
+        }
+        if ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY || rc == 0) && ++tries < 1000) continue;
+        *err = rc < 0 ? rc : -EIO;
+        break;
+    }
+    return sent;
+}
+
 /* Wait for at least one completion (without the GIL) and record every ready one; returns how many
  * completed, or -errno when waiting failed. `done` receives their op indexes. */
 static int reap(RingObject *self, Op *ops, Py_ssize_t *done, int wait) {
@@ -199,18 +217,12 @@ static PyObject *Ring_run(RingObject *self, PyObject *args) {
             queued++;
         }
         if (queued) {
-            /* submit everything queued; transient refusals are retried, anything else fails the call
-             * (and the ring is torn down below, so no stale sqe naming our buffers is ever submitted) */
-            int sent = 0, tries = 0;
-            while (sent < queued) {
-                int rc = io_uring_submit(&self->ring);
-                if (rc > 0) {
-                    sent += rc;
-                    continue;
-                }
-                if ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY || rc == 0) && ++tries < 1000) continue;
+            /* a refusal fails the call (and the ring is torn down below, so no stale sqe naming our
+             * buffers is ever submitted) */
+            int err, sent = rt_submit_queued(&self->ring, queued, &err);
+            if (err) {
                 if (!failed) {
-                    errno = rc < 0 ? -rc : EIO;
+                    errno = -err;
                     PyErr_SetFromErrno(PyExc_OSError);
                 }
                 failed = 1;
@@ -218,7 +230,6 @@ static PyObject *Ring_run(RingObject *self, PyObject *args) {
                 inflight -= queued - sent;
                 for (Py_ssize_t j = next - (queued - sent); j < next; j++)
                     ops[j].inflight = 0; /* never reached the kernel: their buffers can go back */
-                break;
             }
         }
         if (failed) break;

@@ -203,7 +203,8 @@ class UringIO:
 
     def write_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
                     coalesce_bytes: int, direct: bool):
-        """(status bytes, checksums, first errno): plan items (batch index, key, parent, slot, generation)."""
+        """(status bytes, checksums, packed table entries, first errno): plan items (batch index, key,
+        parent, slot, generation)."""
         return self._ring().write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct)
 
     def close(self) -> None:

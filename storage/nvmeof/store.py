@@ -29,8 +29,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, PLAIN_LRU, EvictionOrder
 from radixtier.storage.nvmeof.io_engine import IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, make_engine
-from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
-                                      SlotHeader, Superblock, TableEntry, align_up, checksum)
+from radixtier.storage.nvmeof.layout import (BLOCK, ENTRIES_PER_BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES,
+                                             KEY_BYTES, FormatError, SlotHeader, Superblock, TableEntry, align_up,
+                                             checksum)
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
 from radixtier.storage.nvmeof.reading import PagesInRead
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
@@ -523,14 +524,15 @@ class NvmeofPageStore:
         """Data, then durability, then the table entries, then the in-memory index: a page exists
         for readers (here and after a crash) only once its bytes are on the device."""
         gens = self._generations(len(plan))
-        ops, entries, bounce_bytes = [], [], 0
+        ops, entries, placed, bounce_bytes = [], [], [], 0
         headers = aligned_buffer(HEADER_BYTES * len(plan))
         for j, (i, key, parent, slot, sg) in enumerate(plan):
             length = sum(s.nbytes for s in sg)
             csum = checksum(*sg)
             hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
             SlotHeader(gens[j], length, csum, slot, key, parent, self.uuid).pack_into(hdr)
-            entries.append(TableEntry(key, parent, gens[j], length, csum))
+            entries.append(TableEntry(key, parent, gens[j], length, csum).pack())
+            placed.append((slot, gens[j], length, csum, parent))
             payload = self._direct_segments(sg, length)
             if payload is None:
                 bounce = aligned_buffer(align_up(length))
@@ -549,46 +551,47 @@ class NvmeofPageStore:
         results = self._run_coalesced(True, ops)
         if self.sync:
             os.fdatasync(self._t.fd)
-        self._commit_written(plan, entries, results, ok)
+        self._commit_written(plan, b"".join(entries), placed, results, ok)
 
-    def _commit_written(self, plan: list, entries: List[TableEntry], results: List[bool], ok: List[bool]) -> None:
-        """Written pages become visible: table entries, made durable, then the in-memory index."""
-        blocks = []
+    def _commit_written(self, plan: list, entries: bytes, placed: List[_Slot], results: List[bool],
+                        ok: List[bool]) -> None:
+        """Written pages become visible: table entries, made durable, then the in-memory index.
+        `entries` holds each planned page's packed table entry (ENTRY_BYTES apiece, plan order) and
+        `placed` its index tuple: a batch is committed without building an object per page."""
+        entry = memoryview(entries)
+        table, first = self._table, self._range.start
         with self._lock:
-            for j, (i, key, parent, slot, _sg) in enumerate(plan):
-                e = entries[j]
-                if results[j]:
-                    self._set_entry(slot, e)
-                else:
-                    self._set_entry(slot, None)
-                blocks.append(self._entry_block(slot))
+            for j, (_i, _key, _parent, slot, _sg) in enumerate(plan):
+                at = (slot - first) * ENTRY_BYTES
+                table[at:at + ENTRY_BYTES] = entry[j * ENTRY_BYTES:(j + 1) * ENTRY_BYTES] if results[j] else FREE_ENTRY
         try:
-            self._flush_table(blocks)
+            self._flush_table({(slot - first) // ENTRIES_PER_BLOCK for _i, _k, _p, slot, _sg in plan})
             table_ok = True
         except OSError as exc:
             log.error("radixtier: %s", exc)
             table_ok = False
+        written = 0
         with self._lock:
             for j, (i, key, parent, slot, _sg) in enumerate(plan):
                 if results[j] and table_ok:
-                    e = entries[j]
-                    self._index[key] = (slot, e.generation, e.length, e.checksum, parent)
+                    self._index[key] = placed[j]
                     self._order.add(key, parent)
                     ok[i] = True
-                    self.counters.writes += 1
-                    self.counters.write_bytes += e.length
+                    written += placed[j][LENGTH]
                 else:
                     self._free.append(slot)
+            self.counters.writes += sum(1 for r in results if r) if table_ok else 0
+            self.counters.write_bytes += written
 
     def _write_planned_native(self, batch, lengths: List[int],
                               plan: List[Tuple[int, bytes, Optional[bytes], int, None]], ok: List[bool]) -> None:
-        """_write_planned on the native core: checksums, headers and the writes run in C (GIL
-        released); then durability, table entries and the index, in the same order."""
+        """_write_planned on the native core: checksums, headers, the writes and the packed table
+        entries run in C (GIL released); then durability, table entries and the index, in the same order."""
         gens = self._generations(len(plan))
         if self.fenced:
             self.counters.fenced_writes += len(plan)
             raise OSError(self.fenced)
-        status, sums, err = self._engine.write_pages(
+        status, sums, entries, err = self._engine.write_pages(
             batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes, self._uuid_bytes,
             [(i, key, parent, slot, gens[j]) for j, (i, key, parent, slot, _sg) in enumerate(plan)],
             self.coalesce_bytes, self.direct)
@@ -598,9 +601,8 @@ class NvmeofPageStore:
                       os.strerror(err or 5))
         if self.sync:
             os.fdatasync(self._t.fd)
-        entries = [TableEntry(key, parent, gens[j], lengths[i], sums[j])
-                   for j, (i, key, parent, _slot, _sg) in enumerate(plan)]
-        self._commit_written(plan, entries, [st == 0 for st in status], ok)
+        placed = [(slot, gens[j], lengths[i], sums[j], parent) for j, (i, _key, parent, slot, _sg) in enumerate(plan)]
+        self._commit_written(plan, entries, placed, [st == 0 for st in status], ok)
 
     def _generations(self, n: int) -> List[int]:
         with self._lock:
