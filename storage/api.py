@@ -147,6 +147,33 @@ def buffer_view(buf: BufferLike, nbytes: Optional[int] = None) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
+class PageSegments(Sequence):
+    """Pages given as flat (address, nbytes) lists, `per_page` consecutive segments a page -- the
+    form SGLang's host pool hands out (get_page_buffer_meta: K and V of every layer of a page).
+
+    Why a type of its own: the native core takes the flat lists in one step, where a list of
+    segment lists costs a Python tuple per segment and a walk per page (at 32 KiB pages that
+    was most of a batch's time). Indexing gives page i's segment list, for the Python path."""
+
+    __slots__ = ("addresses", "sizes", "per_page")
+
+    def __init__(self, addresses: Sequence[int], sizes: Sequence[int], pages: int) -> None:
+        if pages <= 0 or len(addresses) != len(sizes) or len(addresses) % pages:
+            raise ValueError(f"host pool returned {len(addresses)} pointers and {len(sizes)} sizes for {pages} pages")
+        self.addresses, self.sizes, self.per_page = addresses, sizes, len(addresses) // pages
+
+    def __len__(self) -> int:
+        return len(self.addresses) // self.per_page
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"page {i} of {len(self)}")
+        lo = (i % len(self)) * self.per_page
+        return [(int(a), int(n)) for a, n in zip(self.addresses[lo:lo + self.per_page], self.sizes[lo:lo + self.per_page])]
+
+
 def native_buffer(buf: object) -> object:
     """A page (or segment list) as the native core takes it: tensors become (address, nbytes) after
     the same checks as buffer_view's; buffers, (address, nbytes) pairs and lists pass through. Called

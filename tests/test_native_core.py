@@ -94,6 +94,46 @@ def test_both_paths_write_the_same_slot_table_bytes(tmp_path):
     assert tables[0].count(b"\x00") < len(tables[0])  # the entries are there
 
 
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_pages_as_flat_segment_lists_round_trip(tmp_path, engine):
+    """PageSegments (SGLang's get_page_buffer_meta form: flat address and size lists, K/V of every
+    layer of a page) is read and written in place on both paths, aligned (layer chunks of whole
+    blocks, O_DIRECT) and not (bounced), and a wrong shape is refused before any I/O."""
+    from radixtier.storage.api import PageSegments
+
+    for chunk, name in ((BLOCK, "aligned"), (1000, "unaligned")):
+        s = NvmeofPageStore(str(tmp_path / f"{name}.img"), 8 * chunk, create_bytes=4 << 20, io_engine=engine)
+        layers, pages = 4, 5  # pool [K/V, layer, page, chunk]: a page is 2 x layers scattered chunks
+        src = content(60, 2 * layers * pages * chunk).view(2, layers, pages, chunk)
+        addrs = [src[kv, layer, p].data_ptr() for p in range(pages) for layer in range(layers) for kv in range(2)]
+        keys = [key(100 + p) for p in range(pages)]
+        assert all(s.put(keys, PageSegments(addrs, [chunk] * len(addrs), pages)).ok)
+        dst = torch.zeros_like(src)
+        daddrs = [dst[kv, layer, p].data_ptr() for p in range(pages) for layer in range(layers) for kv in range(2)]
+        assert s.get(keys, PageSegments(daddrs, [chunk] * len(daddrs), pages)) == [True] * pages
+        assert torch.equal(dst, src)
+        one = torch.zeros(8 * chunk, dtype=torch.uint8)  # the same page as one buffer: the same bytes
+        assert s.get([keys[2]], [one]) == [True]
+        assert torch.equal(one.view(layers, 2, chunk), src[:, :, 2].transpose(0, 1))
+        s.close()
+    with pytest.raises(ValueError, match="7 pointers and 7 sizes for 2 pages"):
+        PageSegments([1] * 7, [1] * 7, 2)
+
+
+def test_a_flat_segment_batch_names_a_bad_segment():
+    from radixtier.storage.nvmeof import _uring
+
+    with pytest.raises(ValueError, match="do not make pages of 3 segments"):
+        _uring.PageBatch([1, 2, 3, 4], True, sizes=[1, 2, 3, 4], per_page=3)
+    with pytest.raises(ValueError, match=r"invalid \(address, nbytes\) = \(0, 4096\)"):
+        _uring.PageBatch([0, 4096], True, sizes=[4096, 4096], per_page=2)
+    with pytest.raises(ValueError, match=r"invalid \(address, nbytes\) = \(0, 4096\)"):  # and as a pair
+        _uring.PageBatch([(0, 4096)], True)
+    b = _uring.PageBatch([4096, 8192, 12288, 16384], False, sizes=[4096, 100, 4096, 4096], per_page=2)
+    assert b.lengths() == [4196, 8192]
+    b.close()
+
+
 def test_every_buffer_shape_round_trips(tmp_path):
     """Aligned tensors (read in place), unaligned ones (bounced), K/V segment lists, raw
     (address, nbytes) pairs, bytearrays and pages shorter than a block."""

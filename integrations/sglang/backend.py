@@ -27,9 +27,8 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
 
 from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
-from radixtier.integrations.sglang.keys import (KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true,
-                                                split_segments)
-from radixtier.storage.api import LocationTuple, PageLocation
+from radixtier.integrations.sglang.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
+from radixtier.storage.api import LocationTuple, PageLocation, PageSegments
 from radixtier.prometheus import MetricsReporter
 from radixtier.storage.publisher import Publisher
 
@@ -291,7 +290,7 @@ class RadixTierStorage(HiCacheStorage):
                              f"{0 if host_indices is None else host_indices.numel()}")
         if interface == V1:
             ptrs, sizes = pool.get_page_buffer_meta(host_indices)
-            return split_segments(ptrs, sizes, pages), None
+            return PageSegments(ptrs, sizes, pages), None
         starts = [int(host_indices[i * page_size]) for i in range(pages)]
         if for_read:
             bufs = [pool.get_dummy_flat_data_page() for _ in range(pages)]

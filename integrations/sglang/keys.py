@@ -10,7 +10,7 @@ layouts never read each other's bytes as their own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from radixtier.hashing import page_key
 
@@ -161,13 +161,3 @@ def leading_true(flags: Sequence[bool]) -> int:
         if not f:
             return i
     return len(flags)
-
-
-def split_segments(ptrs: Sequence[int], sizes: Sequence[int], pages: int) -> List[List[Tuple[int, int]]]:
-    """SGLang's flat (pointer, size) lists from get_page_buffer_meta -> one segment list per page."""
-    if pages == 0:
-        return []
-    if len(ptrs) != len(sizes) or len(ptrs) % pages:
-        raise ValueError(f"host pool returned {len(ptrs)} pointers and {len(sizes)} sizes for {pages} pages")
-    per = len(ptrs) // pages
-    return [[(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)] for i in range(pages)]

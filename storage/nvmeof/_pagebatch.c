@@ -83,7 +83,7 @@ static int seg_add(PageBatchObject *b, Page *p, PyObject *o, const char *verb) {
         Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 1));
         if (PyErr_Occurred()) return -1;
         if (addr == 0 || n < 0) {
-            PyErr_Format(PyExc_ValueError, "buffer: invalid (address, nbytes) = (%#llx, %zd)", addr, n);
+            PyErr_Format(PyExc_ValueError, "buffer: invalid (address, nbytes) = (%llu, %zd)", addr, n);
             return -1;
         }
         s->base = (void *)(uintptr_t)addr;
@@ -114,12 +114,73 @@ static int seg_add(PageBatchObject *b, Page *p, PyObject *o, const char *verb) {
     return 0;
 }
 
-static int PageBatch_init(PageBatchObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"buffers", "writable", NULL};
-    PyObject *bufs;
-    int writable = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Op", kwlist, &bufs, &writable)) return -1;
+/* Pages as flat (address, size) lists, `per` consecutive segments a page (SGLang's
+ * get_page_buffer_meta): no Python object per segment or page is made or walked twice. */
+static int init_flat(PageBatchObject *self, PyObject *addrs, PyObject *sizes, Py_ssize_t per) {
+    PyObject *a = PySequence_Fast(addrs, "addresses: expected a sequence of ints");
+    if (a == NULL) return -1;
+    PyObject *z = PySequence_Fast(sizes, "sizes: expected a sequence of ints");
+    if (z == NULL) {
+        Py_DECREF(a);
+        return -1;
+    }
+    Py_ssize_t total = PySequence_Fast_GET_SIZE(a);
+    if (per <= 0 || per > RT_MAX_IOV - 2 || total != PySequence_Fast_GET_SIZE(z) || total % per) {
+        PyErr_Format(PyExc_ValueError, "buffer: %zd addresses and %zd sizes do not make pages of %zd segments "
+                     "(at most %d)", total, PySequence_Fast_GET_SIZE(z), per, RT_MAX_IOV - 2);
+        goto fail;
+    }
+    Py_ssize_t n = total / per;
+    self->pages = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Page));
+    if (self->pages == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    self->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Page *p = &self->pages[i];
+        p->aligned = 1;
+        p->segs = PyMem_Calloc((size_t)per, sizeof(Seg));
+        if (p->segs == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < per; k++) {
+            unsigned long long addr = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(a, i * per + k));
+            Py_ssize_t len = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(z, i * per + k));
+            if (PyErr_Occurred()) goto fail;
+            if (addr == 0 || len < 0) {
+                PyErr_Format(PyExc_ValueError, "buffer: invalid (address, nbytes) = (%llu, %zd)", addr, len);
+                goto fail;
+            }
+            Seg *sg = &p->segs[p->nsegs++];
+            sg->base = (void *)(uintptr_t)addr;
+            sg->len = (size_t)len;
+            p->length += sg->len;
+            if (addr % BLK || sg->len % BLK) p->aligned = 0;
+        }
+    }
+    Py_DECREF(a);
+    Py_DECREF(z);
+    return 0;
+fail:
+    Py_DECREF(a);
+    Py_DECREF(z);
     batch_release(self);
+    return -1;
+}
+
+static int PageBatch_init(PageBatchObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"buffers", "writable", "sizes", "per_page", NULL};
+    PyObject *bufs, *sizes = NULL;
+    int writable = 0;
+    Py_ssize_t per = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Op|On", kwlist, &bufs, &writable, &sizes, &per)) return -1;
+    batch_release(self);
+    if (sizes != NULL) {
+        self->writable = writable;
+        return init_flat(self, bufs, sizes, per);
+    }
     PyObject *seq = PySequence_Fast(bufs, "buffers: expected a sequence of page buffers");
     if (seq == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -215,7 +276,9 @@ PyTypeObject RtPageBatchType = {
     .tp_basicsize = sizeof(PageBatchObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PageBatch(buffers, writable): page buffers exported once for read_pages / write_pages.\n"
-              "Each page is a buffer, (address, nbytes), or a list of those (its segments, end to end).",
+              "Each page is a buffer, (address, nbytes), or a list of those (its segments, end to end).\n"
+              "PageBatch(addresses, writable, sizes=..., per_page=k): pages as flat address and size lists,\n"
+              "k consecutive segments a page.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PageBatch_init,
     .tp_dealloc = (destructor)PageBatch_dealloc,

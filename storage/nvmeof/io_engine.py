@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
-from radixtier.storage.api import native_buffer
+from radixtier.storage.api import PageSegments, native_buffer
 from radixtier.storage.validate import positive_int
 
 log = logging.getLogger("radixtier.storage.io")
@@ -194,6 +194,8 @@ class UringIO:
         Tensors travel as (address, nbytes) after a device/contiguity check."""
         from radixtier.storage.nvmeof import _uring
 
+        if isinstance(buffers, PageSegments):  # flat segment lists: taken in one step
+            return _uring.PageBatch(buffers.addresses, writable, sizes=buffers.sizes, per_page=buffers.per_page)
         return _uring.PageBatch([native_buffer(b) for b in buffers], writable)
 
     def read_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
