@@ -8,6 +8,10 @@ controller's prefetch threads. Times are SGLang's own path end to end:
   backup    insert of the request -> the controller's L3 ack (includes SGLang's L1->L2 copy)
   prefetch  prefetch_from_storage -> check_prefetch_progress says done (L3 -> L2)
 
+The driver steps the cache (check_hicache_events) every 1 ms, as a scheduler loop with nothing
+else to run does; a busy scheduler steps once per forward pass, which adds the same latency to
+every backend.
+
 Backends: radixtier (fdatasync before a page is indexed, as shipped; and with sync off, as
 HiCacheFile never syncs), SGLang's `file` backend (HiCacheFile: one buffered file per page),
 SGLang's `nixl` backend with NIXL's POSIX plugin when the nixl packages are installed, and fio

@@ -203,12 +203,13 @@ class SGLangNode:
         self.cache.check_hicache_events()
 
     def pump(self, cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        """Step the cache every 1 ms until cond() holds (an idle scheduler loop steps about as often)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.step()
             if cond():
                 return
-            time.sleep(0.005)
+            time.sleep(0.001)
         raise AssertionError(f"{what} did not happen within {timeout} s")
 
     def settle_backups(self) -> None:
