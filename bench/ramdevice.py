@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
-from typing import Iterator
+from typing import Iterator, List
 
 
 class RamDeviceUnavailable(RuntimeError):
@@ -29,11 +31,48 @@ def _run(*cmd: str) -> str:
     return out.stdout.strip()
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_devices() -> List[str]:
+    """Unmount, detach and delete RAM devices whose bench process died without cleaning up (a
+    crash cannot run the context manager's exit): each holds RAM in /dev/shm until removed.
+    Returns the images removed."""
+    removed = []
+    for name in os.listdir("/dev/shm"):
+        m = re.fullmatch(r"radixtier-bench-(\d+)\.img", name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        image = os.path.join("/dev/shm", name)
+        loops = subprocess.run(["losetup", "-j", image], capture_output=True, text=True).stdout
+        for loop in (line.split(":", 1)[0] for line in loops.splitlines() if line.strip()):
+            with open("/proc/mounts") as f:
+                points = [line.split()[1] for line in f if line.split()[0] == loop]
+            for point in points:
+                subprocess.run(["umount", point], check=False, capture_output=True)
+                with contextlib.suppress(OSError):
+                    os.rmdir(point)
+            subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
+        with contextlib.suppress(OSError):
+            os.remove(image)
+            removed.append(image)
+    return removed
+
+
 @contextlib.contextmanager
 def ram_device(nbytes: int) -> Iterator[str]:
     """Yield the mount point of a fresh ext4 on a RAM-backed loop device of nbytes."""
     if os.geteuid() != 0:
         raise RamDeviceUnavailable("needs root (losetup, mkfs, mount)")
+    for image in remove_stale_devices():
+        print(f"removed {image}: left by a bench run that died", file=sys.stderr)
     free = shutil.disk_usage("/dev/shm").free
     if nbytes > free * 0.8:
         raise RamDeviceUnavailable(f"/dev/shm has {free >> 20} MiB free, {nbytes >> 20} MiB asked")

@@ -482,6 +482,25 @@ def test_bad_configuration_errors(tmp_path):
     s.close()
 
 
+def test_a_file_namespace_reserves_its_space_at_format(tmp_path, capsys):
+    """The format allocates a file namespace's blocks (a full disk fails here, not on a later
+    write); a namespace bigger than the filesystem's room is refused before anything is allocated,
+    with one line naming the capacity, and leaves no file."""
+    import shutil
+
+    path = str(tmp_path / "ns.img")
+    format_namespace(path, PAGE, capacity_bytes=8 << 20)
+    assert os.stat(path).st_blocks * 512 >= 8 << 20  # allocated, not sparse
+    free_before = shutil.disk_usage(tmp_path).free
+    huge = str(tmp_path / "huge.img")
+    too_big = free_before + (64 << 30)
+    assert cli_main(["format", huge, "--page-bytes", "16KiB", "--capacity", str(too_big)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "capacity" in err[0] and "room" in err[0], err
+    assert not os.path.exists(huge)
+    assert shutil.disk_usage(tmp_path).free > free_before - (64 << 20)  # nothing was filled on the way
+
+
 def test_cli_format_and_inspect(tmp_path, capsys):
     path = str(tmp_path / "cli.img")
     assert cli_main(["format", path, "--page-bytes", "16KiB", "--capacity", "8MiB", "--partitions", "2"]) == 0

@@ -35,7 +35,7 @@ from radixtier.storage.nvmeof.layout import (BLOCK, ENTRIES_PER_BLOCK, ENTRY_BYT
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
 from radixtier.storage.nvmeof.reading import PagesInRead
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
-from radixtier.storage.nvmeof.target import open_target, read_aligned, write_aligned
+from radixtier.storage.nvmeof.target import open_target, read_aligned, reserve_file_space, write_aligned
 from radixtier.storage.validate import VERIFY_MODES, one_of, positive_int, positive_seconds
 from radixtier.storage.validate import node_id as validate_node_id
 
@@ -180,6 +180,10 @@ def _format(path: str, page_bytes: int, capacity_bytes: Optional[int], partition
             if t.is_block:
                 raise ValueError(f"capacity: {total} bytes asked, device {path} has {t.size}")
             os.ftruncate(t.fd, total)
+        if not t.is_block:
+            why = reserve_file_space(t, total)
+            if why:
+                log.info("radixtier: %s stays sparse: %s", path, why)
         sb = Superblock.plan(page_bytes, total, partitions, time.time_ns())
         zero = aligned_buffer(1 << 20)
         off, end = BLOCK, sb.data_offset  # owner table + slot table

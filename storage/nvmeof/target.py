@@ -111,6 +111,31 @@ def open_target(path: str, create_bytes: int = 0, direct: bool = True, readonly:
     return Target(path, fd, why == "", is_block, size, logical, why)
 
 
+def reserve_file_space(t: Target, nbytes: int) -> str:
+    """Allocate a file namespace's blocks up front (fallocate): a full filesystem then fails the
+    format, not a later write, and a page's first write skips block allocation (on ext4 a fresh
+    sparse namespace took its first 8 MiB pages at about half the speed of an allocated one).
+    Returns '' once reserved, or why the filesystem cannot (the namespace then stays sparse);
+    ValueError when the filesystem lacks the room -- checked before allocating, so a namespace
+    too big never fills the disk on its way to failing."""
+    import ctypes
+    import errno
+
+    st = os.fstatvfs(t.fd)
+    free = st.f_bavail * st.f_frsize + os.fstat(t.fd).st_blocks * 512
+    if nbytes > free:
+        raise ValueError(f"capacity: {nbytes} bytes asked for {t.path}, its filesystem has room for {free}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.fallocate(t.fd, 0, ctypes.c_int64(0), ctypes.c_int64(nbytes)) == 0:
+        return ""
+    err = ctypes.get_errno()
+    if err == errno.ENOSPC:
+        raise ValueError(f"capacity: {nbytes} bytes asked for {t.path}, its filesystem ran out of room")
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return f"the filesystem does not allocate ahead ({os.strerror(err)})"
+    raise OSError(err, f"{t.path}: reserving {nbytes} bytes failed: {os.strerror(err)}")
+
+
 def read_aligned(t: Target, offset: int, nbytes: int) -> bytes:
     """`nbytes` at `offset` through an aligned buffer (O_DIRECT-safe); past the end reads as zeros."""
     import mmap
