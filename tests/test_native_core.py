@@ -248,8 +248,8 @@ def test_a_read_the_ring_never_ran_is_a_miss_and_keeps_the_page(tmp_path, monkey
     s = NvmeofPageStore(str(tmp_path / "ns.img"), PAGE, create_bytes=4 << 20, io_engine="io_uring")
     assert all(s.put([key(1), key(2)], [content(1), content(2)]).ok)
     real = s._engine.read_pages
-    monkeypatch.setattr(s._engine, "read_pages", lambda batch, fd, d, sb, u, plan, c, direct:
-                        (b"\x00" + b"\x04" * (len(plan) - 1), 11))
+    monkeypatch.setattr(s._engine, "read_pages", lambda batch, fd, d, sb, u, keys, slots, held, c, direct:
+                        (b"\x00" + b"\x04" * (len(keys) - 1), 11))
     out = [torch.zeros(PAGE, dtype=torch.uint8) for _ in range(2)]
     assert s.get([key(1), key(2)], out) == [True, False]
     assert s.counters.io_errors == 1 and s.counters.corrupt == 0 and s.exists([key(2)]) == [True]
@@ -286,4 +286,27 @@ def test_a_read_that_fails_midway_leaves_no_page_marked_as_being_read(tmp_path, 
         s.get([key(1), key(2)], [torch.zeros(PAGE, dtype=torch.uint8) for _ in range(2)])
     monkeypatch.undo()
     assert s.delete([key(1), key(2)]) == 2  # neither page was left marked as being read
+    s.close()
+
+
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_a_read_of_present_missing_and_corrupt_pages_answers_each_in_its_place(tmp_path, engine):
+    """Misses are left out of the device read and the pages read are mapped back to the caller's
+    order: each answer lands at its own index, a corrupt page is a miss (and dropped), and the
+    bytes of every proven page are its own."""
+    path = str(tmp_path / "ns.img")
+    s = NvmeofPageStore(path, PAGE, create_bytes=4 << 20, io_engine=engine)
+    assert all(s.put([key(i) for i in (1, 3, 4, 6)], [content(i) for i in (1, 3, 4, 6)]).ok)
+    loc = s.location(key(4))
+    with open(path, "r+b") as f:  # flip a payload byte of page 4
+        f.seek(s.sb.slot_offset(loc.slot) + BLOCK + 100)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    asked = [0, 1, 2, 3, 4, 5, 6]
+    out = [torch.zeros(PAGE, dtype=torch.uint8) for _ in asked]
+    assert s.get([key(i) for i in asked], out) == [False, True, False, True, False, False, True]
+    for i in (1, 3, 6):
+        assert torch.equal(out[asked.index(i)], content(i))
+    assert s.exists([key(4)]) == [False] and s.counters.corrupt_checksum == 1 and s.counters.misses == 3
     s.close()

@@ -634,10 +634,18 @@ static int key_from(PyObject *o, unsigned char *dst, const char *what) {
     return 0;
 }
 
-/* Common front: parse, fill items from the plan, allocate. Returns 0 or -1 with an exception. */
-static int batch_setup(Batch *b, PageBatchObject *pb, PyObject *plan, int write) {
-    PyObject *seq = PySequence_Fast(plan, "plan: expected a sequence");
+/* A read names its pages by parallel lists (keys, slot tuples, batch indexes or None for 0..n-1),
+ * so the store builds no tuple per page for a read (allocations a full GC would later walk). */
+typedef struct {
+    PyObject *keys, *slots, *indexes; /* PySequence_Fast of each; indexes may be NULL */
+} ReadLists;
+
+/* Common front: parse, fill items from the write plan or the read lists, allocate. Returns 0 or
+ * -1 with an exception. */
+static int batch_setup(Batch *b, PageBatchObject *pb, PyObject *plan, const ReadLists *rl, int write) {
+    PyObject *seq = write ? PySequence_Fast(plan, "plan: expected a sequence") : rl->keys;
     if (seq == NULL) return -1;
+    if (!write) Py_INCREF(seq);
     b->write = write;
     b->n = PySequence_Fast_GET_SIZE(seq);
     b->items = calloc((size_t)(b->n ? b->n : 1), sizeof(Item));
@@ -655,13 +663,16 @@ static int batch_setup(Batch *b, PageBatchObject *pb, PyObject *plan, int write)
         PyObject *key, *x, *y;
         it->pos = i;
         it->status = ST_NOT_RUN;
-        if (!write) { /* (batch index, key, (slot, generation, length, checksum, ...)) */
+        if (!write) { /* keys[i], slots[i] = (slot, generation, length, checksum, ...), indexes[i] or i */
             long long slot;
             unsigned long long gen;
             unsigned int length, csum;
-            if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "nOO", &index, &key, &x) || !PyTuple_Check(x) ||
-                PyTuple_GET_SIZE(x) < 4) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan item: expected (index, key, slot tuple)");
+            key = t;
+            x = PySequence_Fast_GET_ITEM(rl->slots, i);
+            index = rl->indexes ? PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(rl->indexes, i)) : i;
+            if (index == -1 && PyErr_Occurred()) goto fail;
+            if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) < 4) {
+                PyErr_Format(PyExc_TypeError, "slots[%zd]: expected (slot, generation, length, checksum, ...)", i);
                 goto fail;
             }
             slot = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 0));
@@ -714,15 +725,42 @@ fail:
     return -1;
 }
 
+/* The read lists as fast sequences of one length; 0, or -1 with an exception (nothing held). */
+static int read_lists(PyObject *keys, PyObject *slots, PyObject *indexes, ReadLists *rl) {
+    memset(rl, 0, sizeof(*rl));
+    rl->keys = PySequence_Fast(keys, "keys: expected a sequence");
+    rl->slots = rl->keys ? PySequence_Fast(slots, "slots: expected a sequence") : NULL;
+    if (rl->slots != NULL && indexes != Py_None)
+        rl->indexes = PySequence_Fast(indexes, "indexes: expected a sequence or None");
+    if (rl->keys == NULL || rl->slots == NULL || (indexes != Py_None && rl->indexes == NULL)) goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(rl->keys);
+    if (PySequence_Fast_GET_SIZE(rl->slots) != n || (rl->indexes && PySequence_Fast_GET_SIZE(rl->indexes) != n)) {
+        PyErr_Format(PyExc_ValueError, "read: %zd keys, %zd slots and %zd indexes", n,
+                     PySequence_Fast_GET_SIZE(rl->slots), rl->indexes ? PySequence_Fast_GET_SIZE(rl->indexes) : n);
+        goto fail;
+    }
+    return 0;
+fail:
+    Py_XDECREF(rl->keys);
+    Py_XDECREF(rl->slots);
+    Py_XDECREF(rl->indexes);
+    memset(rl, 0, sizeof(*rl));
+    return -1;
+}
+
 static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
-    PyObject *pb_obj, *plan;
+    PyObject *pb_obj, *plan = NULL, *keys = NULL, *slots = NULL, *indexes = NULL;
+    ReadLists rl;
+    memset(&rl, 0, sizeof(rl));
     const char *uuid;
     Py_ssize_t uuid_len;
     Batch b;
     memset(&b, 0, sizeof(b));
     unsigned long long coalesce;
-    if (!PyArg_ParseTuple(args, "O!iLLy#OKp", &RtPageBatchType, &pb_obj, &b.fd, &b.data_offset, &b.slot_bytes, &uuid,
-                          &uuid_len, &plan, &coalesce, &b.direct))
+    if (write ? !PyArg_ParseTuple(args, "O!iLLy#OKp", &RtPageBatchType, &pb_obj, &b.fd, &b.data_offset, &b.slot_bytes,
+                                  &uuid, &uuid_len, &plan, &coalesce, &b.direct)
+              : !PyArg_ParseTuple(args, "O!iLLy#OOOKp", &RtPageBatchType, &pb_obj, &b.fd, &b.data_offset,
+                                  &b.slot_bytes, &uuid, &uuid_len, &keys, &slots, &indexes, &coalesce, &b.direct))
         return NULL;
     PageBatchObject *pb = (PageBatchObject *)pb_obj;
     if (uuid_len != 16) {
@@ -748,7 +786,12 @@ static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
     memcpy(b.uuid, uuid, 16);
     b.coalesce = (size_t)coalesce;
     b.depth = self->depth;
-    if (batch_setup(&b, pb, plan, write) < 0) {
+    if (!write && read_lists(keys, slots, indexes, &rl) < 0) return NULL;
+    int setup = batch_setup(&b, pb, plan, &rl, write);
+    Py_XDECREF(rl.keys);
+    Py_XDECREF(rl.slots);
+    Py_XDECREF(rl.indexes);
+    if (setup < 0) {
         batch_free(&b);
         return NULL;
     }
@@ -812,9 +855,11 @@ static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
 }
 
 const char rt_read_pages_doc[] =
-    "read_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct) -> (status, errno)\n\n"
-    "plan: (batch index, key, (slot, generation, length, checksum, ...)) per page. Reads each slot (header +\n"
-    "payload) into the batch's buffers, proving header and CRC-32C as each I/O lands, GIL released.\n"
+    "read_pages(batch, fd, data_offset, slot_bytes, uuid, keys, slots, indexes, coalesce_bytes, direct)\n"
+    "    -> (status, errno)\n\n"
+    "Page i of the read: keys[i], slots[i] = (slot, generation, length, checksum, ...), into batch page\n"
+    "indexes[i] (indexes None: page i). Reads each slot (header + payload) into the batch's buffers,\n"
+    "proving header and CRC-32C as each I/O lands, GIL released.\n"
     "status[i]: 0 proven, 1 I/O error, 2 header mismatch, 3 checksum mismatch, 4 not run,\n"
     "5 stale (a sound header of another page or generation: the slot was reused).";
 

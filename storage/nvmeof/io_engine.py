@@ -198,10 +198,12 @@ class UringIO:
             return _uring.PageBatch(buffers.addresses, writable, sizes=buffers.sizes, per_page=buffers.per_page)
         return _uring.PageBatch([native_buffer(b) for b in buffers], writable)
 
-    def read_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
-                   coalesce_bytes: int, direct: bool):
-        """(status bytes, first errno): plan items (batch index, key, slot tuple); see _pagebatch.c."""
-        return self._ring().read_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct)
+    def read_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, keys: list, slots: list,
+                   indexes: Optional[list], coalesce_bytes: int, direct: bool):
+        """(status bytes, first errno): page i is keys[i] at slots[i] into batch page indexes[i] (or i
+        when indexes is None); see _pagebatch.c."""
+        return self._ring().read_pages(batch, fd, data_offset, slot_bytes, uuid, keys, slots, indexes,
+                                       coalesce_bytes, direct)
 
     def write_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
                     coalesce_bytes: int, direct: bool):

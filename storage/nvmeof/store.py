@@ -725,51 +725,51 @@ class NvmeofPageStore:
 
     def _get_native(self, keys: List[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
         """get() on the native core: one export of every buffer, then the whole batch (plan, I/O,
-        header and CRC proof per page) in C with the GIL released; Python does only the index."""
+        header and CRC proof per page) in C with the GIL released; Python does only the index, and
+        names the pages by parallel lists (no object per page for a full GC to walk later)."""
         batch = self._engine.page_batch(buffers, writable=True)
         try:
             lengths = batch.lengths()
             with self._lock:
                 slots = list(map(self._index.get, keys))
-                if None in slots:
-                    plan = [(i, key, s) for i, (key, s) in enumerate(zip(keys, slots)) if s is not None]
-                    stored, asked = [s[LENGTH] for _i, _k, s in plan], [lengths[i] for i, _k, _s in plan]
-                else:  # the usual case, every page here: plan and size check without a Python step per page
-                    plan = list(zip(range(len(keys)), keys, slots))
-                    stored, asked = list(map(_LENGTH_OF, slots)), lengths
+                if None in slots:  # read only the pages here: `held` indexes them into keys and buffers
+                    held: Optional[List[int]] = [i for i, s in enumerate(slots) if s is not None]
+                    keys, slots, asked = [keys[i] for i in held], [slots[i] for i in held], [lengths[i] for i in held]
+                else:  # the usual case, every page here: no Python step per page
+                    held, asked = None, lengths
+                stored = list(map(_LENGTH_OF, slots))
                 if stored != asked:  # every size checked before any page is pinned
                     j = next(j for j, (a, b) in enumerate(zip(asked, stored)) if a != b)
-                    raise ValueError(f"get: buffer for page {plan[j][1].hex()} has {asked[j]} bytes, the stored "
+                    raise ValueError(f"get: buffer for page {keys[j].hex()} has {asked[j]} bytes, the stored "
                                      f"page has {stored[j]}")
-                self.counters.misses += len(keys) - len(plan)
-                pinned = [key for _i, key, _s in plan] if len(plan) < len(keys) else keys
-                self._note_reads(pinned)
-                reading = self._readers.begin(pinned)  # the last step before the try that ends it
-            status, err = b"\x04" * len(plan), 0
+                self.counters.misses += len(lengths) - len(keys)
+                self._note_reads(keys)
+                reading = self._readers.begin(keys)  # the last step before the try that ends it
+            status, err = b"\x04" * len(keys), 0
             try:
-                status, err = self._read_batch(batch, plan)
+                status, err = self._read_batch(batch, keys, slots, held)
             finally:
                 with self._lock:
                     self._readers.end(reading)
         finally:
             batch.close()
-        if status.count(0) == len(plan):  # the usual case: every page proven
-            if len(plan) == len(keys):
-                ok = [True] * len(keys)
+        at = range(len(keys)) if held is None else held  # page j of the read is page at[j] of the call
+        ok = [False] * len(lengths)
+        if status.count(0) == len(keys):  # the usual case: every page proven
+            if held is None:
+                ok = [True] * len(lengths)
             else:
-                ok = [False] * len(keys)
-                for i, _key, _s in plan:
+                for i in held:
                     ok[i] = True
             with self._lock:
-                self.counters.reads += len(plan)
+                self.counters.reads += len(keys)
                 self.counters.read_bytes += sum(stored)
             return ok
-        ok = [False] * len(keys)
         bad, good_bytes = [], 0
         for j, st in enumerate(status):
             if st == 0:
-                ok[plan[j][0]] = True
-                good_bytes += plan[j][2][LENGTH]
+                ok[at[j]] = True
+                good_bytes += stored[j]
             elif st != 4:  # 4: never read (the ring failed): a plain miss, the page stays
                 bad.append(j)
         with self._lock:
@@ -780,14 +780,14 @@ class NvmeofPageStore:
         if any(st in (1, 4) for st in status):
             log.error("radixtier: %s: read of %d page(s) failed: %s", self.path,
                       sum(1 for st in status if st in (1, 4)), os.strerror(err or 5))
-        self._drop_unproven([plan[j] for j in bad], [status[j] for j in bad])
+        self._drop_unproven([(at[j], keys[j], slots[j]) for j in bad], [status[j] for j in bad])
         return ok
 
-    def _read_batch(self, batch, plan: list):
-        """The native core's verified read of `plan` ((batch index, key, slot tuple) per page) from
+    def _read_batch(self, batch, keys: List[bytes], slots: List[_Slot], held: Optional[List[int]]):
+        """The native core's verified read of keys[j] at slots[j] into batch page held[j] (or j) from
         this store's device and geometry: (status per page, first errno)."""
         return self._engine.read_pages(batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes,
-                                       self._uuid_bytes, plan, self.coalesce_bytes, self.direct)
+                                       self._uuid_bytes, keys, slots, held, self.coalesce_bytes, self.direct)
 
     def _drop_unproven(self, failed: List[Tuple[int, bytes, _Slot]], why: Sequence[int]) -> None:
         """Pages a read could not prove: counted, logged, and their slots freed (never read again)."""
@@ -843,7 +843,7 @@ class NvmeofPageStore:
                             key.hex(), location.length, n)
                 return False
             status, err = self._read_batch(
-                batch, [(0, key, (location.slot, location.generation, location.length, location.checksum))])
+                batch, [key], [(location.slot, location.generation, location.length, location.checksum)], None)
         finally:
             batch.close()
         with self._lock:
