@@ -43,27 +43,39 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_devices() -> List[str]:
     """Unmount, detach and delete RAM devices whose bench process died without cleaning up (a
-    crash cannot run the context manager's exit): each holds RAM in /dev/shm until removed.
-    Returns the images removed."""
+    crash cannot run the context manager's exit): each holds RAM in /dev/shm until removed, also
+    once its image is unlinked, while its loop device stays attached. Returns the images removed."""
     removed = []
-    for name in os.listdir("/dev/shm"):
-        m = re.fullmatch(r"radixtier-bench-(\d+)\.img", name)
+    listing = subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+                             capture_output=True, text=True).stdout
+    attached = {}  # image path -> loop devices
+    for line in listing.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            attached.setdefault(parts[1].replace(" (deleted)", "").strip(), []).append(parts[0])
+    images = {os.path.join("/dev/shm", n) for n in os.listdir("/dev/shm")} | set(attached)
+    for image in sorted(images):
+        m = re.fullmatch(r"/dev/shm/radixtier-bench-(\d+)\.img", image)
         if m is None or _pid_alive(int(m.group(1))):
             continue
-        image = os.path.join("/dev/shm", name)
-        loops = subprocess.run(["losetup", "-j", image], capture_output=True, text=True).stdout
-        for loop in (line.split(":", 1)[0] for line in loops.splitlines() if line.strip()):
-            with open("/proc/mounts") as f:
-                points = [line.split()[1] for line in f if line.split()[0] == loop]
-            for point in points:
-                subprocess.run(["umount", point], check=False, capture_output=True)
-                with contextlib.suppress(OSError):
-                    os.rmdir(point)
+        for loop in attached.get(image, []):
+            _unmount_all(loop)
             subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
         with contextlib.suppress(OSError):
             os.remove(image)
-            removed.append(image)
+        removed.append(image)
     return removed
+
+
+def _unmount_all(loop: str) -> None:
+    """Unmount every mount of `loop` (lazily when busy: it then goes once its last file closes)."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f if line.split()[0] == loop]
+    for point in points:
+        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(point)
 
 
 @contextlib.contextmanager
@@ -89,8 +101,10 @@ def ram_device(nbytes: int) -> Iterator[str]:
         mounted = True
         yield mount
     finally:
-        if mounted:
-            subprocess.run(["umount", mount], check=False, capture_output=True)
+        if mounted and subprocess.run(["umount", mount], capture_output=True).returncode != 0:
+            # still busy (a caller left a file open): detach it now; the kernel frees the device, and
+            # (autoclear) its loop device and RAM, when the last file on it closes
+            subprocess.run(["umount", "-l", mount], capture_output=True)
         if loop:
             subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
         with contextlib.suppress(OSError):
