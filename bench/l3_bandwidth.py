@@ -339,10 +339,10 @@ def measure(a: argparse.Namespace, where: str, work: str, part: str, size: int) 
             print(f"HiCacheFile skipped: sglang unavailable ({exc})", file=sys.stderr)
     fio_file = os.path.join(work, "fio-write.img")
     os.sync()  # the setup's buffered writes (HiCacheFile's files) are written back now, not during a timed round
-    if part != "writes":
-        ns.read_once()  # untimed: a process's first read pays one-time costs (its ring, first pins) once, here
     if part == "writes":  # untimed, as radixtier's first write in Namespace(): both then overwrite allocated blocks
         fio_write_once(fio_file, n * ns.slot_bytes, ns.slot_bytes, a.queue_depth, batch)
+    else:
+        ns.read_once()  # untimed: one-time costs of a process's first read are paid here, not in round 1
     try:
         for _ in tqdm(range(a.reps), desc=f"{part} {size >> 10}KiB", file=sys.stderr, leave=False):
             if part == "writes":

@@ -29,9 +29,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, PLAIN_LRU, EvictionOrder
 from radixtier.storage.nvmeof.io_engine import IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, make_engine
-from radixtier.storage.nvmeof.layout import (BLOCK, ENTRIES_PER_BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES,
-                                             KEY_BYTES, FormatError, SlotHeader, Superblock, TableEntry, align_up,
-                                             checksum)
+from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
+                                             SlotHeader, Superblock, TableEntry, align_up, checksum)
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
 from radixtier.storage.nvmeof.reading import PagesInRead
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
@@ -303,14 +302,14 @@ class NvmeofPageStore:
             self.recovery["dropped"] = len(bad)
             if bad:
                 for slot in bad:
-                    self._set_entry(slot, None)
+                    self._set_entry(slot, FREE_ENTRY)
                 self._flush_table(sorted({self._entry_block(s) for s in bad}))
                 used = [(s, e) for s, e in used if s not in bad]
         gen = 0
         for slot, e in sorted(used, key=lambda se: se[1].generation):
             if e.key in self._index:  # two slots claim one key: keep the newer
                 old = self._index.pop(e.key)
-                self._set_entry(old[SLOT], None)
+                self._set_entry(old[SLOT], FREE_ENTRY)
             self._index[e.key] = (slot, e.generation, e.length, e.checksum, e.parent)
             gen = max(gen, e.generation)
         for key, s in self._index.items():
@@ -354,9 +353,10 @@ class NvmeofPageStore:
     def _entry_block(self, slot: int) -> int:
         return (slot - self._range.start) * ENTRY_BYTES // BLOCK
 
-    def _set_entry(self, slot: int, entry: Optional[TableEntry]) -> None:
+    def _set_entry(self, slot: int, packed: BufferLike) -> None:
+        """A slot's entry in the in-memory table: a packed TableEntry, or FREE_ENTRY."""
         i = (slot - self._range.start) * ENTRY_BYTES
-        self._table[i:i + ENTRY_BYTES] = entry.pack() if entry is not None else FREE_ENTRY
+        self._table[i:i + ENTRY_BYTES] = packed
 
     def _flush_table(self, blocks: Sequence[int]) -> None:
         """Write table blocks (whole 4 KiB blocks from the in-memory copy), then make them durable."""
@@ -563,29 +563,28 @@ class NvmeofPageStore:
         `entries` holds each planned page's packed table entry (ENTRY_BYTES apiece, plan order) and
         `placed` its index tuple: a batch is committed without building an object per page."""
         entry = memoryview(entries)
-        table, first = self._table, self._range.start
         with self._lock:
             for j, (_i, _key, _parent, slot, _sg) in enumerate(plan):
-                at = (slot - first) * ENTRY_BYTES
-                table[at:at + ENTRY_BYTES] = entry[j * ENTRY_BYTES:(j + 1) * ENTRY_BYTES] if results[j] else FREE_ENTRY
+                self._set_entry(slot, entry[j * ENTRY_BYTES:(j + 1) * ENTRY_BYTES] if results[j] else FREE_ENTRY)
         try:
-            self._flush_table({(slot - first) // ENTRIES_PER_BLOCK for _i, _k, _p, slot, _sg in plan})
+            self._flush_table({self._entry_block(slot) for _i, _k, _p, slot, _sg in plan})
             table_ok = True
         except OSError as exc:
             log.error("radixtier: %s", exc)
             table_ok = False
-        written = 0
+        pages = nbytes = 0
         with self._lock:
             for j, (i, key, parent, slot, _sg) in enumerate(plan):
                 if results[j] and table_ok:
                     self._index[key] = placed[j]
                     self._order.add(key, parent)
                     ok[i] = True
-                    written += placed[j][LENGTH]
+                    pages += 1
+                    nbytes += placed[j][LENGTH]
                 else:
                     self._free.append(slot)
-            self.counters.writes += sum(1 for r in results if r) if table_ok else 0
-            self.counters.write_bytes += written
+            self.counters.writes += pages
+            self.counters.write_bytes += nbytes
 
     def _write_planned_native(self, batch, lengths: List[int],
                               plan: List[Tuple[int, bytes, Optional[bytes], int, None]], ok: List[bool]) -> None:
@@ -664,7 +663,7 @@ class NvmeofPageStore:
             for k in keys:
                 if k in self._index and k not in self._readers:
                     s = self._drop(k)
-                    self._set_entry(s[SLOT], None)
+                    self._set_entry(s[SLOT], FREE_ENTRY)
                     self._free.append(s[SLOT])
                     blocks.append(self._entry_block(s[SLOT]))
         self._flush_table_logged(blocks)
@@ -808,7 +807,7 @@ class NvmeofPageStore:
         cur = self._index.get(key)
         if cur is not None and cur[SLOT] == s[SLOT] and cur[GEN] == s[GEN] and key not in self._readers:
             self._drop(key)
-            self._set_entry(s[SLOT], None)
+            self._set_entry(s[SLOT], FREE_ENTRY)
             self._free.append(s[SLOT])
             self._evicted.append(key)
             blocks.append(self._entry_block(s[SLOT]))
