@@ -37,7 +37,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, another user's
     return True
 
 
@@ -72,10 +72,16 @@ def _unmount_all(loop: str) -> None:
     with open("/proc/mounts") as f:
         points = [line.split()[1] for line in f if line.split()[0] == loop]
     for point in points:
-        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", point], capture_output=True)
+        _unmount(point)
         with contextlib.suppress(OSError):
             os.rmdir(point)
+
+
+def _unmount(point: str) -> None:
+    """Unmount `point`; when still busy (a caller left a file open) detach it lazily: the kernel frees
+    the device, and (autoclear) its loop device and RAM, when the last file on it closes."""
+    if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", point], capture_output=True)
 
 
 @contextlib.contextmanager
@@ -101,10 +107,8 @@ def ram_device(nbytes: int) -> Iterator[str]:
         mounted = True
         yield mount
     finally:
-        if mounted and subprocess.run(["umount", mount], capture_output=True).returncode != 0:
-            # still busy (a caller left a file open): detach it now; the kernel frees the device, and
-            # (autoclear) its loop device and RAM, when the last file on it closes
-            subprocess.run(["umount", "-l", mount], capture_output=True)
+        if mounted:
+            _unmount(mount)
         if loop:
             subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
         with contextlib.suppress(OSError):

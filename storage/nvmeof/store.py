@@ -752,7 +752,6 @@ class NvmeofPageStore:
                     self._readers.end(reading)
         finally:
             batch.close()
-        at = range(len(keys)) if held is None else held  # page j of the read is page at[j] of the call
         ok = [False] * len(lengths)
         if status.count(0) == len(keys):  # the usual case: every page proven
             if held is None:
@@ -764,6 +763,7 @@ class NvmeofPageStore:
                 self.counters.reads += len(keys)
                 self.counters.read_bytes += sum(stored)
             return ok
+        at = range(len(keys)) if held is None else held  # page j of the read is page at[j] of the call
         bad, good_bytes = [], 0
         for j, st in enumerate(status):
             if st == 0:
