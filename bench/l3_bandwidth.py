@@ -7,6 +7,10 @@
   writes       NvmeofPageStore.put with fdatasync before pages are indexed (as shipped)
   readers      8 processes (a TP8 node), each reading its own partition of one namespace at once
 
+radixtier reads into a host pool on transparent huge pages (radixtier.hostmem, as the embedded host
+pool is); the reads part also times the same reads into 4 KiB-page memory (one allocation per page),
+side by side, since that memory costs 15-18% at 256 KiB-1 MiB on this kind of device.
+
 References, on the same file and bytes:
   fio          same block size (one slot) and queue depth, direct=1; writes with --fdatasync every
                batch; readers with numjobs=8. fio reads into a few cache-hot buffers.
@@ -42,6 +46,7 @@ import torch
 from tqdm import tqdm
 
 from radixtier.cli import parse_bytes
+from radixtier.hostmem import host_memory
 from radixtier.storage.nvmeof.io_engine import aligned_buffer
 from radixtier.storage.nvmeof.layout import BLOCK, align_up
 from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
@@ -130,29 +135,36 @@ class Namespace:
         for s in self.src:
             s.random_(0, 255)
         self.write_once()
-        self.layer_first, self.dst = layer_first, None
+        self.layer_first = layer_first
+        self._dsts: Dict[bool, list] = {}
         sb = self.store.sb
         self.data_offset, self.slot_bytes = sb.data_offset, sb.slot_bytes
         self._raw_ops: Dict[bool, list] = {}
 
-    def _dst(self) -> list:
-        """Destination pages, made once: whole aligned pages, or SGLang's layer_first v1 pattern --
-        one page is K and V of every layer, each a chunk of a layer-first pool [2, layers, batch, chunk]."""
-        if self.dst is not None:
-            return self.dst
+    def _dst(self, huge: bool = True) -> list:
+        """Destination pages, made once, in a host pool: whole pages, or SGLang's layer_first v1
+        pattern -- one page is K and V of every layer, each a chunk of a layer-first pool
+        [2, layers, batch, chunk]. huge: the pool is radixtier.hostmem's (transparent huge pages,
+        as the embedded host pool's); else the allocator's 4 KiB pages, one allocation per page."""
+        if huge in self._dsts:
+            return self._dsts[huge]
         if self.layer_first:
             chunk = self.page // (2 * LAYERS)
-            pool = aligned_tensor(2 * LAYERS * self.batch * chunk).view(2, LAYERS, self.batch, chunk)
-            self.dst = [[pool[kv, layer, i] for kv in range(2) for layer in range(LAYERS)] for i in range(self.batch)]
+            pool = host_memory(2 * LAYERS * self.batch * chunk).view(2, LAYERS, self.batch, chunk)
+            dst = [[pool[kv, layer, i] for kv in range(2) for layer in range(LAYERS)] for i in range(self.batch)]
+        elif huge:
+            pool = host_memory(self.batch * self.page)
+            dst = [pool[i * self.page:(i + 1) * self.page] for i in range(self.batch)]
         else:
-            self.dst = [aligned_tensor(self.page) for _ in range(self.batch)]
-        for page in self.dst:  # faulted in before any timed read, as a serving host pool is
+            dst = [aligned_tensor(self.page) for _ in range(self.batch)]
+        for page in dst:  # faulted in before any timed read, as a serving host pool is
             for part in (page if isinstance(page, list) else [page]):
                 part.zero_()
-        return self.dst
+        self._dsts[huge] = dst
+        return dst
 
-    def read_once(self) -> float:
-        dst = self._dst()
+    def read_once(self, huge: bool = True) -> float:
+        dst = self._dst(huge)
         drop_caches([self.path])
         t = time.perf_counter()
         for i in range(0, self.n, self.batch):
@@ -170,7 +182,7 @@ class Namespace:
 
         if like_fio not in self._raw_ops:
             if like_fio:  # kept on self: the ops below hold bare addresses of these tensors
-                self._fio_like = [aligned_tensor(self.page).zero_() for _ in range(self.qd)]
+                self._fio_like = [host_memory(self.page) for _ in range(self.qd)]
                 dst = [self._fio_like[j % self.qd] for j in range(self.batch)]
             else:
                 dst = self._dst()
@@ -216,11 +228,8 @@ def _reader_proc(path: str, page: int, part: int, n: int, batch: int, qd: int, r
     src[:] = os.urandom(page)
     for i in range(0, n, batch):
         assert all(store.put(keys[i:i + batch], [src] * len(keys[i:i + batch])).ok)
-    buf = aligned_buffer(batch * page)
+    buf = host_memory(batch * page)  # zeroed, so faulted in before the timed read, as a serving host pool is
     dst = [buf[j * page:(j + 1) * page] for j in range(batch)]
-    zero = bytes(page)
-    for d in dst:  # faulted in before the timed read, as a serving host pool is
-        d[:] = zero
     ready.put(part)
     go.wait()
     t0 = time.monotonic()
@@ -284,6 +293,8 @@ def _row(where: str, part: str, page: int, runs: Dict[str, List[float]], extra: 
     for ref in ("fio", "raw", "hicachefile"):
         if runs.get(ref) and runs.get("radixtier"):
             row[f"vs_{ref}"] = statistics.median(r / f for r, f in zip(runs["radixtier"], runs[ref]))
+    if runs.get("radixtier_4k") and runs.get("fio"):  # the same reads into 4 KiB-page memory
+        row["radixtier_4k_vs_fio"] = statistics.median(r / f for r, f in zip(runs["radixtier_4k"], runs["fio"]))
     if runs.get("raw_fio_buffers") and runs.get("fio"):  # the I/O path itself against fio, same memory
         row["raw_fio_buffers_vs_fio"] = statistics.median(r / f for r, f in zip(runs["raw_fio_buffers"], runs["fio"]))
     row.update(extra)
@@ -312,7 +323,8 @@ def run_place(a: argparse.Namespace, where: str, folder: Optional[str]) -> List[
 
 
 def measure(a: argparse.Namespace, where: str, work: str, part: str, size: int) -> Dict[str, object]:
-    runs: Dict[str, List[float]] = {"radixtier": [], "fio": [], "raw": [], "raw_fio_buffers": [], "hicachefile": []}
+    runs: Dict[str, List[float]] = {"radixtier": [], "radixtier_4k": [], "fio": [], "raw": [], "raw_fio_buffers": [],
+                                    "hicachefile": []}
     if part == "readers":
         n_each = max(64, a.readers_total // size // a.procs // 64 * 64)
         mr = ManyReaders(os.path.join(work, "readers.img"), size, n_each, a.queue_depth, a.procs)
@@ -350,6 +362,8 @@ def measure(a: argparse.Namespace, where: str, work: str, part: str, size: int) 
                 f = fio_write_once(fio_file, n * ns.slot_bytes, ns.slot_bytes, a.queue_depth, batch)
             else:
                 runs["radixtier"].append(ns.read_once())
+                if part == "reads":
+                    runs["radixtier_4k"].append(ns.read_once(huge=False))
                 f = fio_once(ns.path, ns.data_offset, n * ns.slot_bytes, ns.slot_bytes, a.queue_depth)
                 raw = ns.raw_once()
                 if raw is not None:
@@ -385,11 +399,14 @@ def report(a: argparse.Namespace, rows: List[Dict[str, object]]) -> None:
         json.dump({"targets_vs_fio": TARGETS, "reps": a.reps, "queue_depth": a.queue_depth, "rows": rows}, f, indent=2)
     nan = float("nan")
     lines = [f"GB/s, medians of {a.reps} interleaved rounds (min-max); ratios are medians of per-round ratios.", "",
+             "radixtier reads into a host pool on transparent huge pages (radixtier.hostmem, as the embedded host "
+             "pool); 4 KiB pages: the same reads into the allocator's 4 KiB-page memory, one allocation per page.",
              "raw: unverified io_uring reads of the same slots into radixtier's buffers; raw into fio's buffers: "
              "the same into queue-depth page buffers used round robin (cache-hot, as fio's are).", "",
-             "| where | what | page | radixtier | fio | raw (same buffers) | raw (fio's buffers) | HiCacheFile | vs fio "
-             "| vs raw | raw (fio's buffers) vs fio | vs HiCacheFile | target vs fio |",
-             "|---|---|---:|---|---|---|---|---|---:|---:|---:|---:|---|"]
+             "| where | what | page | radixtier | fio | radixtier, 4 KiB pages | raw (same buffers) "
+             "| raw (fio's buffers) | HiCacheFile | vs fio | 4 KiB pages vs fio | vs raw | raw (fio's buffers) vs fio "
+             "| vs HiCacheFile | target vs fio |",
+             "|---|---|---:|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         g, rg = r["gbps"], r["runs_gbps"]
         cell = {k: (f"{g[k]:.2f} ({min(rg[k]):.2f}-{max(rg[k]):.2f})" if rg.get(k) else "-") for k in rg}
@@ -397,8 +414,9 @@ def report(a: argparse.Namespace, rows: List[Dict[str, object]]) -> None:
         vf = r.get("vs_fio", nan)
         what = r["part"] + (f" x{r['procs']}" if r["part"] == "readers" else "")
         lines.append(f"| {r['where']} | {what} | {r['page_bytes'] >> 10} KiB | {cell['radixtier']} | {cell['fio']} | "
-                     f"{cell.get('raw', '-')} | {cell.get('raw_fio_buffers', '-')} | {cell.get('hicachefile', '-')} | "
-                     f"{_ratio(vf, 2)} | {_ratio(r.get('vs_raw', nan), 2)} | "
+                     f"{cell.get('radixtier_4k', '-')} | {cell.get('raw', '-')} | {cell.get('raw_fio_buffers', '-')} | {cell.get('hicachefile', '-')} | "
+                     f"{_ratio(vf, 2)} | {_ratio(r.get('radixtier_4k_vs_fio', nan), 2)} | "
+                     f"{_ratio(r.get('vs_raw', nan), 2)} | "
                      f"{_ratio(r.get('raw_fio_buffers_vs_fio', nan), 2)} | {_ratio(r.get('vs_hicachefile', nan), 1)} | "
                      f"{target}x: {'met' if vf >= target else 'not met'} |")
     table = "\n".join(lines)
@@ -420,7 +438,7 @@ def report(a: argparse.Namespace, rows: List[Dict[str, object]]) -> None:
     for ax, where in zip(axes[0], places):
         reads = [r for r in rows if r["where"] == where and r["part"] == "reads"]
         xs = [r["page_bytes"] >> 10 for r in reads]
-        for name, style in (("radixtier", "o-"), ("fio", "s--"), ("raw", "^:"), ("raw_fio_buffers", "v:"),
+        for name, style in (("radixtier", "o-"), ("radixtier_4k", "o:"), ("fio", "s--"), ("raw", "^:"), ("raw_fio_buffers", "v:"),
                             ("hicachefile", "x-.")):
             pts = [(x, r) for x, r in zip(xs, reads) if r["runs_gbps"].get(name)]
             if not pts:

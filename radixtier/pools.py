@@ -1,7 +1,8 @@
 """Fixed-size page pools: one tensor per tier, a slot per KV page.
 
 The device pool lives on CUDA when present (cpu otherwise, for tests); the host pool is
-pinned when CUDA is present so device<->host copies can run asynchronously on streams.
+pinned when CUDA is present so device<->host copies can run asynchronously on streams, and
+otherwise on transparent huge pages (radixtier.hostmem), which tier-3 reads fill faster.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from radixtier.hostmem import host_memory
 
 try:  # free() in one native pass (radixtier/_slotpool.c); numpy below where it was not built
     from radixtier._slotpool import free_slots as _native_free
@@ -46,16 +49,21 @@ HOST_ALIGN = 4096
 
 def _allocate(num_pages: int, shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device,
               pin: bool) -> torch.Tensor:
-    """Zeroed pool tensor; on the host it starts on a 4 KiB boundary so O_DIRECT can read into its pages."""
+    """Zeroed pool tensor; on the host it starts on a 4 KiB boundary so O_DIRECT can read into its
+    pages, and unpinned it is on transparent huge pages (see radixtier.hostmem: why)."""
     if device.type != "cpu":
         return torch.zeros((num_pages,) + shape, dtype=dtype, device=device)
     elem = torch.empty((), dtype=dtype).element_size()
     nbytes = num_pages * elem
     for d in shape:
         nbytes *= d
-    raw = torch.zeros(nbytes + HOST_ALIGN, dtype=torch.uint8, pin_memory=pin)
-    skip = (-raw.data_ptr()) % HOST_ALIGN
-    return raw[skip:skip + nbytes].view(dtype).view((num_pages,) + shape)
+    if pin:  # CUDA's pinned allocator (page-locked for async copies); not advised for huge pages
+        raw = torch.zeros(nbytes + HOST_ALIGN, dtype=torch.uint8, pin_memory=True)
+        skip = (-raw.data_ptr()) % HOST_ALIGN
+        raw = raw[skip:skip + nbytes]
+    else:
+        raw = host_memory(nbytes)
+    return raw.view(dtype).view((num_pages,) + shape)
 
 
 class PagePool:
