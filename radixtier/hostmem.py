@@ -8,7 +8,7 @@ on huge pages (fio, reading into a few cache-hot buffers, 8.0). The kernel decid
 
 The memory is an anonymous mapping of its own (not the allocator's heap, whose reused pages are
 already faulted in as 4 KiB pages), advised before its first touch and faulted in here, so no
-page fault lands inside a timed or serving read. It is freed when the last tensor viewing it goes.
+page fault lands inside a timed or serving read, and zeroed (it is a fresh mapping). It is freed when the last tensor viewing it goes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import mmap
 import torch
 
 HUGE_PAGE_BYTES = 2 << 20  # x86-64 and arm64 (4 KiB base pages) PMD size
-_BASE_PAGE_BYTES = mmap.PAGESIZE
+_MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module does not name it
 
 
 def host_memory(nbytes: int) -> torch.Tensor:
@@ -36,6 +36,21 @@ def host_memory(nbytes: int) -> torch.Tensor:
             mapping.madvise(mmap.MADV_HUGEPAGE, skip, nbytes)
         except OSError:  # a kernel without THP: 4 KiB pages, as any allocation
             pass
-    out = whole[skip:skip + nbytes]
-    out.zero_()  # the first touch, now: with the advice above it faults in whole huge pages
-    return out
+    _fault_in(mapping, skip, nbytes)  # with the advice above, as whole huge pages
+    return whole[skip:skip + nbytes]
+
+
+def _fault_in(mapping: mmap.mmap, start: int, length: int) -> None:
+    """Fault the range in, writable, by the kernel (MADV_POPULATE_WRITE, Linux 5.14+), else by
+    writing zeros over it (a fresh mapping is zero already). Not with a torch op: torch's
+    parallel fill hangs in a process forked after the parent used its thread pool, and serving
+    and bench processes are forked."""
+    try:
+        mapping.madvise(_MADV_POPULATE_WRITE, start, length)
+        return
+    except OSError:  # an older kernel: EINVAL
+        pass
+    zeros = bytes(min(length, HUGE_PAGE_BYTES))
+    for at in range(start, start + length, len(zeros)):
+        n = min(len(zeros), start + length - at)
+        mapping[at:at + n] = zeros[:n]

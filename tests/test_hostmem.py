@@ -63,3 +63,25 @@ def test_an_unpinned_host_pool_is_backed_by_huge_pages():
     pool = PagePool("host", 64, (2, 4, 16384), torch.float16, torch.device("cpu"))
     assert pool.buffer.data_ptr() % HUGE_PAGE_BYTES == 0
     assert _huge_kib_at(pool.buffer.data_ptr()) >= HUGE_PAGE_BYTES // 1024
+
+
+def test_host_memory_works_in_a_process_forked_after_torch_ran_in_parallel():
+    """Serving ranks and bench readers are forked: torch's parallel fill hangs there (it did)."""
+    import multiprocessing as mp
+
+    parent = host_memory(64 * HUGE_PAGE_BYTES)
+    parent.add_(1)  # the parent's intra-op thread pool is up
+    ctx = mp.get_context("fork")
+    answers = ctx.Queue()
+
+    def child(q):
+        t = host_memory(16 * HUGE_PAGE_BYTES)
+        q.put((t.data_ptr() % HUGE_PAGE_BYTES, bytes(t[:16].numpy()), bytes(t[-16:].numpy())))
+
+    p = ctx.Process(target=child, args=(answers,), daemon=True)
+    p.start()
+    try:
+        assert answers.get(timeout=60) == (0, bytes(16), bytes(16))
+    finally:
+        p.kill()
+        p.join()
