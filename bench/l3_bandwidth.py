@@ -9,7 +9,7 @@
 
 radixtier reads into a host pool on transparent huge pages (radixtier.hostmem, as the embedded host
 pool is); the reads part also times the same reads into 4 KiB-page memory (one allocation per page),
-side by side, since that memory costs 15-18% at 256 KiB-1 MiB on this kind of device.
+side by side, since that memory cost 15-27% at 256 KiB-1 MiB on the RAM device.
 
 References, on the same file and bytes:
   fio          same block size (one slot) and queue depth, direct=1; writes with --fdatasync every
@@ -155,11 +155,8 @@ class Namespace:
         elif huge:
             pool = host_memory(self.batch * self.page)
             dst = [pool[i * self.page:(i + 1) * self.page] for i in range(self.batch)]
-        else:
-            dst = [aligned_tensor(self.page) for _ in range(self.batch)]
-        for page in dst:  # faulted in before any timed read, as a serving host pool is
-            for part in (page if isinstance(page, list) else [page]):
-                part.zero_()
+        else:  # faulted in before any timed read, as a serving host pool is (host_memory's already are)
+            dst = [aligned_tensor(self.page).zero_() for _ in range(self.batch)]
         self._dsts[huge] = dst
         return dst
 

@@ -8,7 +8,8 @@ on huge pages (fio, reading into a few cache-hot buffers, 8.0). The kernel decid
 
 The memory is an anonymous mapping of its own (not the allocator's heap, whose reused pages are
 already faulted in as 4 KiB pages), advised before its first touch and faulted in here, so no
-page fault lands inside a timed or serving read, and zeroed (it is a fresh mapping). It is freed when the last tensor viewing it goes.
+page fault lands inside a timed or serving read. It is zero because it is fresh, and it is freed
+when the last tensor viewing it goes.
 """
 
 from __future__ import annotations
