@@ -15,9 +15,14 @@ every backend.
 Backends: radixtier (fdatasync before a page is indexed, as shipped; and with sync off, as
 HiCacheFile never syncs), SGLang's `file` backend (HiCacheFile: one buffered file per page),
 SGLang's `nixl` backend with NIXL's POSIX plugin when the nixl packages are installed, and fio
-reading the same number of bytes with the same block size (the device's limit). Cold = the
-page cache dropped (or fadvise'd away) before the prefetch; warm = not. Rounds interleave the
-backends; medians and spread are reported. Python's GC is collected and frozen after setup.
+reading the same block size at queue depth 16 (the device's limit; at least 256 MiB, so fio's
+whole-ms timer does not quantize it). `floor` is a backend that moves no bytes
+(null_storage.py): SGLang's own machinery for the same request, so radixtier's time above it is
+what its I/O costs ("radixtier I/O" = bytes / that time). Cold = the page cache dropped (or
+fadvise'd away) before the prefetch; warm = not. Each cell starts with one untimed run per
+backend (a process's first runs of a shape pay one-off costs, billed otherwise to whichever
+backend goes first); rounds then interleave the backends; medians and spread are reported.
+Python's GC is collected and frozen after setup.
 
     python bench/sglang_path.py [--ram-device | --dir DIR] [--shape llama8b,small]
                                 [--layouts layer_first,page_first_direct] [--reps 2] [--turns 6]
@@ -93,6 +98,7 @@ def run_one(backend: str, layout: str, shape: str, workdir: str, cold: bool) -> 
         assert loaded == len(tokens), f"{backend}: prefetch loaded {loaded} of {len(tokens)} tokens"
         nbytes = pages * page_bytes
         return {"backup_GBps": nbytes / backup_s / 1e9, "prefetch_GBps": nbytes / prefetch_s / 1e9,
+                "backup_s": backup_s, "prefetch_s": prefetch_s,
                 "prefetch_pages_per_s": pages / prefetch_s, "backup_pages_per_s": pages / backup_s,
                 "page_bytes": page_bytes, "pages": pages}
     finally:
@@ -136,6 +142,8 @@ def _backend_config(backend: str, store_dir: str, page_bytes: int, pages: int):
         extra = {"path": os.path.join(store_dir, "ns.img"), "capacity": str(slots * (page_bytes + 8192) + (64 << 20)),
                  "node_id": "bench", "partitions": 1, "sync": backend == "radixtier"}
         return "dynamic", extra, env
+    if backend == "floor":
+        return "dynamic", {"backend_name": "floor", "module_path": "null_storage", "class_name": "NullStorage"}, env
     if backend == "file":
         env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = store_dir
         return "file", {}, env
@@ -144,16 +152,21 @@ def _backend_config(backend: str, store_dir: str, page_bytes: int, pages: int):
                     "l3_cleaner_enabled": False}, env
 
 
+FIO_MIN_BYTES = 256 << 20  # fio times in whole ms: 12 MiB (4 ms) would be quantized by +-25%
+
+
 def fio_reference(workdir: str, shape: str) -> Optional[float]:
-    """fio direct sequential read of the same byte count, block = one page, queue depth 16 (GB/s)."""
+    """fio direct sequential read, block = one page, queue depth 16 (GB/s): the device's rate for
+    this block size, over the run's bytes or FIO_MIN_BYTES, whichever is more."""
     pages, page_bytes = SHAPES[shape][4], page_bytes_of(shape)
+    nbytes = max(pages * page_bytes, FIO_MIN_BYTES // page_bytes * page_bytes)
     path = os.path.join(workdir, "fio.img")
     with open(path, "wb") as f:
         chunk = os.urandom(1 << 20)
-        for _ in range(pages * page_bytes // len(chunk) + 1):
+        for _ in range(nbytes // len(chunk) + 1):
             f.write(chunk)
     os.sync()
-    bw = fio_once(path, 0, pages * page_bytes, page_bytes, 16)
+    bw = fio_once(path, 0, nbytes, page_bytes, 16)
     os.remove(path)
     return None if bw is None else bw / 1e9
 
@@ -188,17 +201,21 @@ def run_all(a: argparse.Namespace, workdir: str) -> int:
     backends = ["radixtier", "radixtier-nosync", "file"]
     if importlib.util.find_spec("nixl") is not None:
         backends.append("nixl")
+    backends.append("floor")  # last: the ratios below name the real backends by position
     os.makedirs(workdir, exist_ok=True)
     temps = [False, True] if a.warm else [False]
     rows: List[Dict[str, object]] = []
     from tqdm import tqdm
 
     cells = [(s, lay, warm) for s in a.shape.split(",") for lay in a.layouts.split(",") for warm in temps]
-    bar = tqdm(total=len(cells) * a.reps * (len(backends) + 1), desc="sglang path", unit="run")
-    run_one(backends[0], cells[0][1], "small", workdir, cold=True)  # warm-up: imports, SGLang's JIT hash build
+    bar = tqdm(total=len(cells) * (a.reps + 1) * (len(backends) + 1), desc="sglang path", unit="run")
     for shape, layout, warm in cells:
         runs: Dict[str, List[Dict[str, float]]] = {b: [] for b in backends}
         fio: List[float] = []
+        for b in backends:  # untimed: imports, SGLang's JIT hash build, first use of this shape's memory
+            run_one(b, layout, shape, workdir, cold=not warm)
+            bar.update()
+        bar.update()
         for r in range(a.reps):
             order = backends if r % 2 == 0 else list(reversed(backends))
             for b in order:
@@ -216,11 +233,19 @@ def run_all(a: argparse.Namespace, workdir: str) -> int:
                 vals = [x[metric] for x in runs[b]]
                 row[f"{b}_{metric}"] = statistics.median(vals)
                 row[f"{b}_{metric}_runs"] = vals
-        for other in backends[2:]:
+        for other in backends[2:-1]:
             for metric in ("prefetch_GBps", "backup_GBps"):
                 row[f"radixtier_vs_{other}_{metric}"] = row[f"radixtier_{metric}"] / row[f"{other}_{metric}"]
+        nbytes = runs["radixtier"][0]["pages"] * runs["radixtier"][0]["page_bytes"]
+        for metric in ("prefetch", "backup"):
+            rt = statistics.median(x[f"{metric}_s"] for x in runs["radixtier"])
+            floor = statistics.median(x[f"{metric}_s"] for x in runs["floor"])
+            row[f"floor_{metric}_ms"], row[f"radixtier_{metric}_ms"] = floor * 1e3, rt * 1e3
+            row[f"radixtier_io_{metric}_GBps"] = nbytes / (rt - floor) / 1e9 if rt > floor else None
         if fio:
             row["radixtier_prefetch_vs_fio"] = row["radixtier_prefetch_GBps"] / row["fio_GBps"]
+            if row["radixtier_io_prefetch_GBps"]:
+                row["radixtier_io_prefetch_vs_fio"] = row["radixtier_io_prefetch_GBps"] / row["fio_GBps"]
         rows.append(row)
     bar.close()
     ttft: List[Dict[str, object]] = []
@@ -236,15 +261,28 @@ def run_all(a: argparse.Namespace, workdir: str) -> int:
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
         json.dump({"backends": backends, "rows": rows, "ttft_storage_share": ttft, "workdir": workdir}, f, indent=2)
-    lines = ["| shape | layout | cache | " + " | ".join(f"{b} prefetch / backup GB/s" for b in backends)
-             + " | fio GB/s | radixtier prefetch vs fio | vs file (prefetch / backup) |",
-             "|" + "---|" * (5 + len(backends))]
+    real = backends[:-1]  # without the floor
+    others = real[2:]
+    lines = ["| shape | layout | cache | " + " | ".join(f"{b} prefetch / backup GB/s" for b in real)
+             + " | fio GB/s | radixtier prefetch vs fio | "
+             + " | ".join(f"vs {o} (prefetch / backup)" for o in others) + " |",
+             "|" + "---|" * (5 + len(real) + len(others))]
     for r in rows:
-        cells_txt = " | ".join(f"{r[f'{b}_prefetch_GBps']:.2f} / {r[f'{b}_backup_GBps']:.2f}" for b in backends)
+        cells_txt = " | ".join(f"{r[f'{b}_prefetch_GBps']:.2f} / {r[f'{b}_backup_GBps']:.2f}" for b in real)
         fio_txt = f"{r['fio_GBps']:.2f}" if r["fio_GBps"] else "-"
         vs = f"{r['radixtier_prefetch_vs_fio']:.2f}x" if r.get("radixtier_prefetch_vs_fio") else "-"
-        vf = f"{r['radixtier_vs_file_prefetch_GBps']:.1f}x / {r['radixtier_vs_file_backup_GBps']:.1f}x"
-        lines.append(f"| {r['shape']} | {r['layout']} | {r['cache']} | {cells_txt} | {fio_txt} | {vs} | {vf} |")
+        vo = " | ".join(f"{r[f'radixtier_vs_{o}_prefetch_GBps']:.2f}x / {r[f'radixtier_vs_{o}_backup_GBps']:.2f}x"
+                        for o in others)
+        lines.append(f"| {r['shape']} | {r['layout']} | {r['cache']} | {cells_txt} | {fio_txt} | {vs} | {vo} |")
+    lines += ["", "SGLang's own share (floor: a backend that moves no bytes) and radixtier's I/O above it, medians:", "",
+              "| shape | layout | cache | floor prefetch ms | radixtier prefetch ms | radixtier I/O GB/s | I/O vs fio "
+              "| floor backup ms | radixtier backup ms |", "|" + "---|" * 9]
+    for r in rows:
+        io = r["radixtier_io_prefetch_GBps"]
+        io_vs = r.get("radixtier_io_prefetch_vs_fio")
+        lines.append(f"| {r['shape']} | {r['layout']} | {r['cache']} | {r['floor_prefetch_ms']:.1f} | "
+                     f"{r['radixtier_prefetch_ms']:.1f} | {f'{io:.2f}' if io else '-'} | "
+                     f"{f'{io_vs:.2f}x' if io_vs else '-'} | {r['floor_backup_ms']:.1f} | {r['radixtier_backup_ms']:.1f} |")
     if ttft:
         lines += ["", "Storage share of TTFT per turn (request arrival -> prefix on device, median ms over turns):", "",
                   "| shape | layout | " + " | ".join(backends) + " |", "|" + "---|" * (2 + len(backends))]
@@ -264,11 +302,11 @@ def run_all(a: argparse.Namespace, workdir: str) -> int:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         labels = [f"{r['shape']}\n{r['layout']}\n{r['cache']}" for r in rows]
         for ax, metric in zip(axes, ("prefetch_GBps", "backup_GBps")):
-            width = 0.8 / (len(backends) + 1)
-            for i, b in enumerate(backends):
+            width = 0.8 / (len(real) + 1)
+            for i, b in enumerate(real):
                 ax.bar([x + i * width for x in range(len(rows))], [r[f"{b}_{metric}"] for r in rows], width, label=b)
             if metric == "prefetch_GBps":
-                ax.bar([x + len(backends) * width for x in range(len(rows))], [r["fio_GBps"] or 0 for r in rows],
+                ax.bar([x + len(real) * width for x in range(len(rows))], [r["fio_GBps"] or 0 for r in rows],
                        width, label="fio (limit)", color="gray")
             ax.set_xticks([x + 0.4 for x in range(len(rows))], labels, fontsize=7)
             ax.set_ylabel("GB/s")
