@@ -139,6 +139,10 @@ class OneFilePerPageStore:
         with self._lock:
             return {"path": self.directory, "used_pages": len(self._pages), "capacity_pages": self.capacity_pages}
 
+    def register_memory(self, regions: Sequence[Tuple[int, int]]) -> bool:
+        """Buffered file I/O registers nothing."""
+        return False
+
     def touch(self, keys: Sequence[bytes]) -> None:
         with self._lock:
             for k in keys:

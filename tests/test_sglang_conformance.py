@@ -127,3 +127,30 @@ def test_an_mla_pool_round_trips_through_sglang(ns, layout):
         assert same(node.device_kv(first, 0, len(first)), want)
     finally:
         node.close()
+
+
+@pytest.mark.parametrize("layout,fixed", [("page_first_direct", True), ("layer_first", False)])
+def test_sglangs_host_pool_is_read_on_fixed_buffers_where_its_segments_are_large(ns, layout, fixed):
+    """The backend registers SGLang's host pool (kv_buffer) with io_uring at attach; page_first_direct
+    pages of this shape are two 256 KiB segments (K, V) and are read with READ_FIXED, layer_first
+    ones are 4 x 128 KiB chunks (under the 256 KiB minimum) and stay one vectored read. Byte-exact
+    either way."""
+    from radixtier.storage.nvmeof.io_engine import uring_unusable_reason
+
+    if uring_unusable_reason():
+        pytest.skip(f"io_uring engine unavailable: {uring_unusable_reason()}")
+    ps = 64  # 64 tokens x 8 heads x 128 dims x 2 bytes = 128 KiB per layer, K and V apart
+    node = SGLangNode({**ns, "capacity": "64MiB", "partitions": 1, "node_id": "fx"}, layout=layout, page_size=ps,
+                      layers=2, heads=8, head_dim=128, device_tokens=8 * ps)
+    try:
+        tokens = list(range(5, 5 + 4 * ps))
+        want = node.insert(tokens, seed=21)
+        node.settle_backups()
+        node.evict_all()
+        assert node.prefetch(tokens) == len(tokens)
+        assert node.load_to_device(tokens) == len(tokens)
+        assert same(node.device_kv(tokens, 0, len(tokens)), want)
+        fixed_ios = node.backend.store.stats()["fixed_ios"]
+        assert (fixed_ios == 2 * 4) if fixed else (fixed_ios == 0)
+    finally:
+        node.close()

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
@@ -102,11 +102,15 @@ class RadixTierStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host) -> None:
         self.mem_pool_host = mem_pool_host
         self._formats[KV_POOL] = _pool_format(KV_POOL, mem_pool_host)
+        if self._store is not None:  # a pool arriving after the store opened is registered too
+            self._register_host_memory(self._store)
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
         name = str(host_pool_name)
         self.registered_pools[name] = host_pool
         self._formats[name] = _pool_format(name, host_pool)
+        if self._store is not None:
+            self._register_host_memory(self._store)
 
     def on_host_pools_registered(self) -> None:
         self._ensure_open()  # fail the attach now (bad path, page size, partition), not on the first read
@@ -145,9 +149,22 @@ class RadixTierStorage(HiCacheStorage):
                     # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
                     self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
                 self._store = store
+                self._register_host_memory(store)
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
         return self._store
+
+    def _register_host_memory(self, store) -> None:
+        """The host pools' memory as io_uring fixed buffers, so reads into them skip per-I/O page
+        pinning (see NvmeofPageStore.register_memory); a refusal is logged and changes nothing else."""
+        pools = [self.mem_pool_host] + list(self.registered_pools.values())
+        regions = _host_regions(p for p in pools if p is not None)
+        if regions:
+            t0 = time.perf_counter()
+            ok = store.register_memory(regions)
+            log.info("radixtier: host pools (%d MiB) %s as io_uring fixed buffers in %.2f s",
+                     sum(n for _a, n in regions) >> 20, "registered" if ok else "not registered",
+                     time.perf_counter() - t0)
 
     def _format(self, pool: str) -> PoolFormat:
         fmt = self._formats.get(pool)
@@ -534,6 +551,18 @@ def _pool_format(name: str, pool) -> PoolFormat:
         nbytes = page.numel() * page.element_size()
     return PoolFormat(name, str(getattr(pool, "layout", "unknown")), str(getattr(pool, "dtype", "unknown")), nbytes,
                       zero_copy)
+
+
+def _host_regions(pools) -> List[Tuple[int, int]]:
+    """(address, nbytes) of each host pool's KV memory (SGLang's `kv_buffer`: one tensor, or one
+    per layer), distinct and on the CPU only."""
+    seen: Dict[int, int] = {}
+    for pool in pools:
+        buf = getattr(pool, "kv_buffer", None)  # SGLang's HostKVCache attribute, not ours
+        for t in buf if isinstance(buf, (list, tuple)) else [buf]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous() and t.numel():
+                seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+    return sorted(seen.items())
 
 
 def _prefix(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:

@@ -76,6 +76,9 @@ class TieredKVCache:
         self.config, self.namespace, self.hasher, self.store, self.index = cfg, namespace, hasher, store, index
         self.tree, self.device_pool, self.host_pool, self.stats_counters = s.tree, device_pool, host_pool, stats
         self._closed = False
+        if store is not None:  # reads into the host pool skip per-I/O page pinning (NvmeofPageStore.register_memory)
+            buf = host_pool.buffer
+            store.register_memory([(buf.data_ptr(), buf.numel() * buf.element_size())])
         self._metrics_stop: list = []  # serve_metrics(): the sync thread's and the HTTP server's stops
         self._cleaner_wake = threading.Event()
         self._cleaner: Optional[threading.Thread] = None
@@ -190,6 +193,8 @@ class TieredKVCache:
             self._cleaner.join(timeout=5)
         self.flush(timeout=60.0)
         self._s.mover.close()
+        if self.store is not None:  # the host pool goes with this cache: the store must not keep it
+            self.store.register_memory([])
 
     def __enter__(self) -> "TieredKVCache":
         return self

@@ -10,6 +10,7 @@
 #include <liburing.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define RT_MAX_IOV 1024
 
@@ -19,7 +20,13 @@ typedef struct {
     unsigned depth;
     int ready;
     int busy; /* a run is in progress (a Ring belongs to one thread; this catches misuse) */
+    struct iovec *fixed; /* the regions registered as io_uring fixed buffers (Ring.register) */
+    unsigned nfixed;
+    unsigned long long fixed_ios; /* I/Os issued as READ_FIXED on them, for tests and stats */
 } RingObject;
+
+/* Index of the registered buffer holding all of [base, base + len), or -1. */
+int rt_fixed_index(const RingObject *r, const void *base, size_t len);
 
 void rt_crc32c_init(void);
 int rt_crc32c_hardware(void);

@@ -10,6 +10,12 @@
  * writes already in flight. The on-device format is the one layout.py defines (a test checks
  * that pages written by either path read back on the other).
  *
+ * Fixed buffers: a read page whose segments are large (>= FIXED_MIN_BYTES) and all lie in regions
+ * registered on the ring (Ring.register: SGLang's host pool) is read as its header (plain readv into
+ * scratch) plus one READ_FIXED per segment, so the kernel does not pin and unpin its 4 KiB pages on
+ * every I/O; the page is verified once all of its I/Os have landed. Smaller segments stay in one
+ * vectored I/O (an I/O per 4 KiB-128 KiB chunk would cost more than the pinning it saves).
+ *
  * Buffer ownership: a PageBatch holds each caller buffer's export from construction to close();
  * a Ring call never returns while the kernel may still touch one (if a ring breaks with I/O in
  * flight the batch keeps its exports forever rather than hand memory back early). */
@@ -29,6 +35,7 @@
 #define ENTRY_BODY 60
 #define ENTRY_MAGIC 0x5452
 #define STATE_USED 1
+#define FIXED_MIN_BYTES (256 * 1024) /* smallest segment read with READ_FIXED */
 
 enum { ST_OK = 0, ST_IO = 1, ST_HEADER = 2, ST_CHECKSUM = 3, ST_NOT_RUN = 4, ST_STALE = 5 };
 
@@ -301,6 +308,8 @@ typedef struct {
     unsigned char *bounce;
     size_t padded; /* header + payload rounded up to blocks: the bytes this item's I/O moves */
     int status;
+    int pending;   /* its I/Os not yet landed (1, or 1 + segments when read on fixed buffers) */
+    int io_failed; /* one of them failed */
 } Item;
 
 typedef struct {
@@ -309,6 +318,8 @@ typedef struct {
     size_t nbytes;
     struct iovec *iov;
     int niov;
+    int fixed;     /* registered buffer index (READ_FIXED of iov[0]), or -1: readv/writev */
+    int mergeable; /* whole slots, so the next adjacent slot may join it */
 } BatchOp;
 
 typedef struct {
@@ -328,6 +339,7 @@ typedef struct {
     unsigned char *headers;
     unsigned char *pad; /* read: scratch for padding; write: zeros */
     int first_errno;
+    const RingObject *ring; /* its registered buffers */
 } Batch;
 
 static inline void put16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
@@ -420,6 +432,43 @@ static int cmp_slot(const void *x, const void *y) {
     return (a->slot > c->slot) - (a->slot < c->slot);
 }
 
+/* Whether a read page goes on fixed buffers: direct, block-aligned, and every segment large and
+ * inside one registered region. */
+static int on_fixed(const Batch *b, const Item *it) {
+    const Page *p = it->page;
+    if (b->ring->nfixed == 0 || !b->direct || !p->aligned || it->length % BLK != 0) return 0;
+    for (int k = 0; k < p->nsegs; k++)
+        if (p->segs[k].len < FIXED_MIN_BYTES || rt_fixed_index(b->ring, p->segs[k].base, p->segs[k].len) < 0)
+            return 0;
+    return 1;
+}
+
+/* A page's ops on fixed buffers: its header (readv into scratch), then one READ_FIXED per segment,
+ * none merged with a neighbour. */
+static void plan_fixed(Batch *b, Item *it, Py_ssize_t i, struct iovec **vp) {
+    const Page *p = it->page;
+    long long at = b->data_offset + it->slot * b->slot_bytes;
+    struct iovec *v = *vp;
+    BatchOp *op = &b->ops[b->nops++];
+    v->iov_base = it->hdr;
+    v->iov_len = BLK;
+    *op = (BatchOp){.first = i, .count = 1, .offset = at, .nbytes = BLK, .iov = v, .niov = 1, .fixed = -1};
+    v++;
+    at += BLK;
+    for (int k = 0; k < p->nsegs; k++) {
+        op = &b->ops[b->nops++];
+        v->iov_base = p->segs[k].base;
+        v->iov_len = p->segs[k].len;
+        *op = (BatchOp){.first = i, .count = 1, .offset = at, .nbytes = p->segs[k].len, .iov = v, .niov = 1,
+                        .fixed = rt_fixed_index(b->ring, p->segs[k].base, p->segs[k].len)};
+        v++;
+        at += (long long)p->segs[k].len;
+        it->pending++;
+    }
+    it->padded = BLK + it->length;
+    *vp = v;
+}
+
 /* Lay out iovecs and merge adjacent full slots into ops. 0, or -1 (out of memory). */
 static int plan_ops(Batch *b) {
     Item *items = b->items;
@@ -427,7 +476,7 @@ static int plan_ops(Batch *b) {
     size_t niov = 0;
     for (Py_ssize_t i = 0; i < b->n; i++) niov += (size_t)items[i].page->nsegs + 2;
     b->iov = malloc(sizeof(struct iovec) * (niov ? niov : 1));
-    b->ops = malloc(sizeof(BatchOp) * (size_t)(b->n ? b->n : 1));
+    b->ops = malloc(sizeof(BatchOp) * (niov ? niov : 1)); /* at most 1 + segments ops per page */
     if (b->iov == NULL || b->ops == NULL) return -1;
     /* Merged I/Os stay small enough that a batch still fills the queue: with fewer ops than the
      * ring's depth a small batch would run at queue depth 1 (coalesce_bytes is only the cap). */
@@ -442,6 +491,11 @@ static int plan_ops(Batch *b) {
         const Page *p = it->page;
         struct iovec *start = v;
         it->hdr = b->headers + (size_t)i * BLK;
+        it->pending = 1;
+        if (!b->write && on_fixed(b, it)) {
+            plan_fixed(b, it, i, &v);
+            continue;
+        }
         v->iov_base = it->hdr;
         v->iov_len = BLK;
         v++;
@@ -470,7 +524,7 @@ static int plan_ops(Batch *b) {
         it->padded = BLK + payload;
         int n_here = (int)(v - start);
         BatchOp *last = b->nops ? &b->ops[b->nops - 1] : NULL;
-        if (last != NULL && (long long)it->padded == b->slot_bytes &&
+        if (last != NULL && last->mergeable && (long long)it->padded == b->slot_bytes &&
             last->nbytes == (size_t)last->count * (size_t)b->slot_bytes &&
             items[last->first + last->count - 1].slot + 1 == it->slot && last->niov + n_here <= RT_MAX_IOV &&
             last->nbytes + it->padded <= b->coalesce) {
@@ -486,6 +540,8 @@ static int plan_ops(Batch *b) {
         op->nbytes = it->padded;
         op->iov = start;
         op->niov = n_here;
+        op->fixed = -1;
+        op->mergeable = 1;
     }
     return 0;
 }
@@ -523,7 +579,9 @@ static void op_done(Batch *b, const BatchOp *op, long long res) {
     if (!ok && b->first_errno == 0) b->first_errno = res < 0 ? (int)-res : EIO;
     for (Py_ssize_t j = op->first; j < op->first + op->count; j++) {
         Item *it = &b->items[j];
-        if (!ok)
+        if (!ok) it->io_failed = 1;
+        if (--it->pending > 0) continue; /* verified once all of its I/Os have landed */
+        if (it->io_failed)
             it->status = ST_IO;
         else
             it->status = b->write ? ST_OK : verify(b, it);
@@ -552,6 +610,10 @@ static int top_up(RingObject *r, Batch *b, Py_ssize_t *next, Py_ssize_t *infligh
         if (b->write) {
             for (Py_ssize_t j = op->first; j < op->first + op->count; j++) prepare_write(b, &b->items[j]);
             io_uring_prep_writev(sqe, b->fd, op->iov, (unsigned)op->niov, (unsigned long long)op->offset);
+        } else if (op->fixed >= 0) {
+            io_uring_prep_read_fixed(sqe, b->fd, op->iov[0].iov_base, (unsigned)op->iov[0].iov_len,
+                                     (unsigned long long)op->offset, op->fixed);
+            r->fixed_ios++;
         } else {
             io_uring_prep_readv(sqe, b->fd, op->iov, (unsigned)op->niov, (unsigned long long)op->offset);
         }
@@ -786,6 +848,7 @@ static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
     memcpy(b.uuid, uuid, 16);
     b.coalesce = (size_t)coalesce;
     b.depth = self->depth;
+    b.ring = self;
     if (!write && read_lists(keys, slots, indexes, &rl) < 0) return NULL;
     int setup = batch_setup(&b, pb, plan, &rl, write);
     Py_XDECREF(rl.keys);

@@ -15,7 +15,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from radixtier.storage.api import PageSegments, native_buffer
 from radixtier.storage.validate import positive_int
@@ -25,6 +25,20 @@ log = logging.getLogger("radixtier.storage.io")
 IOV_MAX = 1024
 MAX_QUEUE_DEPTH = 4096  # I/Os in flight per ring or pool (the extension accepts 1..4096)
 OnDone = Callable[[int, int], None]  # (op index, bytes moved or -errno)
+Region = Tuple[int, int]  # (address, nbytes) of host memory
+FIXED_REGION_MAX = 1 << 30  # the kernel registers fixed buffers of at most 1 GiB each
+
+
+def fixed_chunks(regions: Sequence[Region]) -> List[Region]:
+    """Host memory regions cut into pieces io_uring can register (each at most 1 GiB)."""
+    out: List[Region] = []
+    for i, (addr, nbytes) in enumerate(regions):
+        if isinstance(addr, bool) or not isinstance(addr, int) or addr <= 0:
+            raise ValueError(f"regions[{i}]: address must be a positive int, got {addr!r}")
+        positive_int(f"regions[{i}] nbytes", nbytes)
+        for at in range(0, nbytes, FIXED_REGION_MAX):
+            out.append((addr + at, min(FIXED_REGION_MAX, nbytes - at)))
+    return out
 
 
 @dataclass
@@ -97,6 +111,14 @@ class ThreadPoolIO:
             return [one(i) for i in range(len(ops))]
         return list(self._pool.map(one, range(len(ops))))
 
+    def register_memory(self, regions: Sequence[Region]) -> bool:
+        """Nothing to register for preadv/pwritev (kept so callers need not know the engine)."""
+        fixed_chunks(regions)
+        return False
+
+    def fixed_ios(self) -> int:
+        return 0
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -149,12 +171,20 @@ class UringIO:
             raise OSError(errno.ENOSYS, reason)  # tells make_engine to fall back
         self.queue_depth = queue_depth
         self._local = threading.local()
-        self._rings: list = []
+        self._rings: list = []  # (ring, the thread it belongs to)
         self._lock = threading.Lock()
         self._closed = False
+        self._fixed: List[Region] = []  # host memory every reading ring registers as fixed buffers
+        self._registry = None  # a Ring holding that registration (pinned once), which readers clone
+        self._fixed_version = 0  # bumped by register_memory; a ring registers when it lags
+        self._fixed_refused: Optional[str] = None  # why the kernel refused, once: then never retried
+        self._clone_ok = True  # False once the kernel refused to clone (then each ring pins itself)
+        self._retired_fixed_ios = 0  # fixed_ios of rings closed with their finished threads
         self._ring()  # fail now, not on the first read, if the kernel refuses io_uring
 
-    def _ring(self):
+    def _ring(self, reads_fixed: bool = False):
+        """This thread's ring; reads_fixed: one that reads pages, so it takes the registered host
+        memory first (writes and plain runs never use fixed buffers, so their threads hold none)."""
         from radixtier.storage.nvmeof import _uring
 
         if self._closed:
@@ -163,9 +193,109 @@ class UringIO:
         if ring is None or ring.closed:  # torn down after a failed submission: start a new one
             ring = _uring.Ring(self.queue_depth)
             self._local.ring = ring
+            self._local.fixed_version = 0
             with self._lock:
-                self._rings.append(ring)
+                self._rings.append((ring, threading.current_thread()))
+        if reads_fixed and self._local.fixed_version != self._fixed_version:
+            self._register_on(ring)
         return ring
+
+    def _register_on(self, ring) -> None:
+        """Give this thread's ring the registered host memory: a clone of the registry ring's set
+        (Linux 6.12+: the pages stay pinned once, for every thread), or where the kernel cannot
+        clone, its own registration (~30 ms per GiB of 4 KiB pages, once per reading thread). A
+        refusal is logged once, every ring drops its set (all or none), and reads go on as plain
+        vectored I/O: the same bytes, only without the saving."""
+        with self._lock:  # cloned under the lock: register_memory swaps and closes the registry under it
+            version, registry, chunks = self._fixed_version, self._registry, list(self._fixed)
+            self._local.fixed_version = version
+            if registry is None:
+                ring.register([])  # nothing registered (any more): drop this ring's set
+                return
+            if self._clone_ok:
+                try:
+                    ring.clone_buffers(registry)
+                    return
+                except OSError as exc:
+                    self._clone_ok = False
+                    log.info("radixtier: io_uring cannot clone registered buffers here (%s; Linux < 6.12?): "
+                             "each reading thread pins the host memory itself", exc.strerror or exc)
+        try:
+            ring.register(chunks)
+        except OSError as exc:
+            ring.register([])
+            self._refused(exc, chunks)
+
+    def _refused(self, exc: OSError, chunks: List[Region]) -> None:
+        """The kernel refused a registration: from now on nothing is registered on any ring (each
+        drops its set before its next read) and no registration is tried again."""
+        with self._lock:
+            first = self._fixed_refused is None
+            self._fixed_refused = exc.strerror or str(exc)
+            self._set_registry(None, [])
+        if first:
+            hint = " (raise RLIMIT_MEMLOCK to allow it)" if exc.errno == errno.ENOMEM else ""
+            log.warning("radixtier: io_uring refused to register %d MiB of host memory as fixed buffers "
+                        "(%s); reads use plain vectored I/O%s", sum(n for _a, n in chunks) >> 20,
+                        exc.strerror or exc, hint)
+
+    def _set_registry(self, registry, chunks: List[Region]) -> None:
+        """Under self._lock: the new set, and the rings of finished threads closed (a ring lives in
+        its thread's threading.local, so nothing else would drop their pins before close())."""
+        old, self._registry = self._registry, registry
+        self._fixed = chunks
+        self._fixed_version += 1
+        if old is not None:
+            old.close()  # rings that cloned it hold their own references to its pages
+        live = []
+        for ring, owner in self._rings:
+            if owner.is_alive():
+                live.append((ring, owner))
+            else:
+                self._retired_fixed_ios += ring.fixed_ios
+                ring.close()
+        self._rings = live
+
+    def register_memory(self, regions: Sequence[Region]) -> bool:
+        """Register host memory (SGLang's host pool) as io_uring fixed buffers: the kernel pins it
+        once (in a registry ring the engine keeps), each thread's ring takes the set before its next
+        read, and large page segments inside it are then read with READ_FIXED (no per-I/O pinning of
+        their 4 KiB pages). Replaces any earlier set; [] drops it (rings of finished threads are
+        closed now, live ones drop it before their next read). The memory must stay mapped until
+        then. Pinning costs ~30 ms per GiB of 4 KiB-page memory (6 ms on huge pages), paid here.
+        Returns False when nothing is registered: the kernel refused (now or before: not retried;
+        see the log), the engine is closed, or regions was empty."""
+        from radixtier.storage.nvmeof import _uring
+
+        chunks = fixed_chunks(regions)
+        with self._lock:
+            if self._closed:
+                return False
+            drop = not chunks or self._fixed_refused is not None
+            if drop:
+                self._set_registry(None, [])
+        if drop:
+            self._ring(reads_fixed=True)  # the calling thread's ring lets go now too
+            return False
+        registry = _uring.Ring(1)
+        try:
+            registry.register(chunks)  # the pinning, outside the lock
+        except OSError as exc:
+            registry.close()
+            self._refused(exc, chunks)
+            return False
+        with self._lock:
+            if self._closed:
+                registry.close()
+                return False
+            self._set_registry(registry, chunks)
+        self._ring(reads_fixed=True)  # the calling thread's ring takes the set now
+        return True
+
+    def fixed_ios(self) -> int:
+        """I/Os issued on registered buffers by this engine's live rings (for stats and tests)."""
+        with self._lock:
+            return self._retired_fixed_ios + sum(r.fixed_ios for r, _owner in self._rings)
 
     def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None) -> List[int]:
         """Bytes moved (or -errno) per op; on_done(i, result) runs as each op completes, while the
@@ -202,8 +332,8 @@ class UringIO:
                    indexes: Optional[list], coalesce_bytes: int, direct: bool):
         """(status bytes, first errno): page i is keys[i] at slots[i] into batch page indexes[i] (or i
         when indexes is None); see _pagebatch.c."""
-        return self._ring().read_pages(batch, fd, data_offset, slot_bytes, uuid, keys, slots, indexes,
-                                       coalesce_bytes, direct)
+        return self._ring(reads_fixed=True).read_pages(batch, fd, data_offset, slot_bytes, uuid, keys, slots,
+                                                       indexes, coalesce_bytes, direct)
 
     def write_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
                     coalesce_bytes: int, direct: bool):
@@ -215,9 +345,12 @@ class UringIO:
         """Close every thread's ring; the store calls this only once no call is running."""
         with self._lock:
             self._closed = True
-            for ring in self._rings:
+            for ring, _owner in self._rings:
                 ring.close()
             self._rings.clear()
+            if self._registry is not None:
+                self._registry.close()
+                self._registry = None
 
 
 ENGINES = ("auto", "threads", "io_uring")

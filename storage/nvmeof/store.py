@@ -78,6 +78,11 @@ class _CallGate:
                 self._active -= 1
                 self._cv.notify_all()
 
+    @property
+    def closing(self) -> bool:
+        with self._cv:
+            return self._closing
+
     def close(self, timeout: float) -> bool:
         """Refuse new calls; True once the running ones finished (False: still running at timeout)."""
         with self._cv:
@@ -453,7 +458,18 @@ class NvmeofPageStore:
             used = len(self._index)
         return {"path": self.path, "uuid": self.uuid, "partition": self.partition, "page_bytes": self.page_bytes,
                 "capacity_pages": self.capacity_pages, "used_pages": used, "io_engine": self.io_engine,
-                "direct_io": self.direct, **self.counters.as_dict()}
+                "direct_io": self.direct, "fixed_ios": self._engine.fixed_ios(), **self.counters.as_dict()}
+
+    def register_memory(self, regions: Sequence[Tuple[int, int]]) -> bool:
+        """Host memory that reads land in (SGLang's host pool, as (address, nbytes) regions), to be
+        registered once with io_uring so large page segments in it are read without per-I/O page
+        pinning. True when registered; False on the thread-pool engine, when the kernel refused
+        (logged), for [] (which takes the memory back) and once the store is closed. The memory must
+        stay mapped until register_memory([]) or close()."""
+        if self._gate.closing:  # e.g. a cache giving its pool back after the store was closed
+            return False
+        with self._gate.call(self.path):  # close() waits for a registration under way
+            return self._engine.register_memory(regions)
 
     # ---------------------------------------------------------------- writes
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
