@@ -209,10 +209,7 @@ class UringIO:
         with self._lock:  # cloned under the lock: register_memory swaps and closes the registry under it
             version, registry, chunks = self._fixed_version, self._registry, list(self._fixed)
             self._local.fixed_version = version
-            if registry is None:
-                ring.register([])  # nothing registered (any more): drop this ring's set
-                return
-            if self._clone_ok:
+            if registry is not None and self._clone_ok:
                 try:
                     ring.clone_buffers(registry)
                     return
@@ -220,6 +217,9 @@ class UringIO:
                     self._clone_ok = False
                     log.info("radixtier: io_uring cannot clone registered buffers here (%s; Linux < 6.12?): "
                              "each reading thread pins the host memory itself", exc.strerror or exc)
+        if registry is None:  # nothing registered (any more): drop this ring's set (unpinning: not under the lock)
+            ring.register([])
+            return
         try:
             ring.register(chunks)
         except OSError as exc:
