@@ -116,6 +116,14 @@ static void forget_fixed(RingObject *self) {
     self->nfixed = 0;
 }
 
+/* Drop this (open) ring's registered buffers, if any. */
+static void unregister_fixed(RingObject *self) {
+    if (self->nfixed) {
+        io_uring_unregister_buffers(&self->ring);
+        forget_fixed(self);
+    }
+}
+
 static int Ring_init(RingObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"queue_depth", NULL};
     unsigned depth = 16;
@@ -383,10 +391,7 @@ static PyObject *Ring_register(RingObject *self, PyObject *args) {
         iov[i].iov_len = (size_t)len;
     }
     Py_DECREF(seq);
-    if (self->nfixed) {
-        io_uring_unregister_buffers(&self->ring);
-        forget_fixed(self);
-    }
+    unregister_fixed(self);
     if (n == 0) {
         PyMem_Free(iov);
         Py_RETURN_NONE;
@@ -418,21 +423,15 @@ static PyObject *Ring_clone_buffers(RingObject *self, PyObject *args) {
     PyObject *src_obj;
     if (!PyArg_ParseTuple(args, "O!", Py_TYPE(self), &src_obj)) return NULL;
     RingObject *src = (RingObject *)src_obj;
-    if (!self->ready || !src->ready) {
-        PyErr_SetString(PyExc_ValueError, "ring is closed");
-        return NULL;
-    }
-    if (self->busy || src == self) {
-        PyErr_SetString(PyExc_RuntimeError, "clone_buffers: needs an idle ring and another ring as the source");
+    if (!ring_idle(self)) return NULL;
+    if (!src->ready || src == self) {
+        PyErr_SetString(PyExc_ValueError, "clone_buffers: the source must be another open ring");
         return NULL;
     }
     struct iovec *copy = PyMem_Calloc(src->nfixed ? src->nfixed : 1, sizeof(struct iovec));
     if (copy == NULL) return PyErr_NoMemory();
     memcpy(copy, src->fixed, sizeof(struct iovec) * src->nfixed);
-    if (self->nfixed) {
-        io_uring_unregister_buffers(&self->ring);
-        forget_fixed(self);
-    }
+    unregister_fixed(self);
     struct rt_clone_buffers arg;
     memset(&arg, 0, sizeof(arg));
     arg.src_fd = (uint32_t)src->ring.ring_fd;
