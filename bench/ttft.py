@@ -44,7 +44,8 @@ from naive_store import OneFilePerPageStore  # noqa: E402
 
 from radixtier.cache import CacheConfig, TieredKVCache  # noqa: E402
 from radixtier.hashing import KVNamespace  # noqa: E402
-from radixtier.demo.serving import RecomputePath, TieredPath, percentile, serve, summarize  # noqa: E402
+from radixtier.demo.serving import RecomputePath, TieredPath, serve, summarize  # noqa: E402
+from radixtier.demo.stats import percentile  # noqa: E402
 from radixtier.storage.nvmeof.store import NvmeofPageStore  # noqa: E402
 from radixtier.storage.index.inprocess import InProcessIndex  # noqa: E402
 from radixtier.demo.toymodel import SIZES, ModelSpec, ToyLlama  # noqa: E402

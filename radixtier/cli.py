@@ -170,22 +170,35 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
-    from radixtier.demo.run import run_demo
+    if a.embedded:
+        from radixtier.demo.run import run_demo
 
-    return run_demo(a)
+        return run_demo(a)
+    from radixtier.demo.server_demo import run_server_demo
+
+    return run_server_demo(a)
 
 
-def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None, embedded: bool = False) -> argparse.ArgumentParser:
     """The parser; the demo's own options (which import torch and the toy model) are added only
-    when `command` is "demo", so format/inspect stay light."""
-    ap = argparse.ArgumentParser(prog="radixtier",
-                                 description="Three-tier (HBM / DRAM / NVMe-oF) prefix KV cache for SGLang.")
+    when `command` is "demo", so format/inspect stay light: SGLang's real server demo's, or with
+    --embedded the embedded engine's."""
+    ap = argparse.ArgumentParser(prog="radixtier", description="radixtier: three-tier prefix KV cache for SGLang")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    d = sub.add_parser("demo", help="serve a multi-turn and an agent workload through the tiers; TTFT vs recompute")
+    d = sub.add_parser("demo", help="SGLang's real server with radixtier vs recompute: chat and agents, TTFT and "
+                                    "reuse per tier (--embedded: radixtier's own engine)")
+    d.add_argument("--embedded", action="store_true",
+                   help="the embedded-engine demo instead (radixtier's own three tiers, no SGLang; its options: "
+                        "radixtier demo --embedded --help)")
     if command == "demo":
-        from radixtier.demo.run import add_demo_arguments
+        if embedded:
+            from radixtier.demo.run import add_demo_arguments
 
-        add_demo_arguments(d)
+            add_demo_arguments(d)
+        else:
+            from radixtier.demo.server_demo import add_server_demo_arguments
+
+            add_server_demo_arguments(d)
     d.set_defaults(fn=_cmd_demo)
     f = sub.add_parser("format", help="format a block device or file as a radixtier namespace")
     f.add_argument("path", help="block device (e.g. /dev/nvme1n1) or file")
@@ -247,7 +260,7 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    ap = build_parser(next((x for x in args if not x.startswith("-")), None))
+    ap = build_parser(next((x for x in args if not x.startswith("-")), None), embedded="--embedded" in args)
     a = ap.parse_args(args)
     if not getattr(a, "fn", None):
         ap.print_help()

@@ -71,6 +71,9 @@ class _Families:
             "remote_pages_found": counter("remote_pages_found", "Pages the index says other nodes hold (exists)"),
             "remote_pages_read": counter("remote_pages_read", "Pages read from other nodes' slots, proven"),
             "remote_pages_missed": counter("remote_pages_missed", "Pages asked for that no tier could serve"),
+            "backup_already_stored_pages": counter(
+                "backup_already_stored_pages", "Pages SGLang backed up that tier 3 already held (KV it recomputed "
+                "instead of loading: a dropped prefetch, or a hit under prefetch_threshold)"),
             "cache_hit_tokens": counter("cache_hit_tokens", "Prefix tokens served, by tier (embedded engine)",
                                         ("tier",)),
             "cache_lookup_tokens": counter("cache_lookup_tokens", "Prompt tokens looked up (embedded engine)"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with radixtier and what it needs. Idempotent: a second run only checks.
-#   bash scripts/setup.sh           # the demo's needs
-#   bash scripts/setup.sh --test    # plus test needs: SGLang 0.5.23 (CPU, --no-deps), redis-server, fio
+#   bash scripts/setup.sh           # the demo's needs: radixtier, SGLang 0.5.23 and what its server imports on CPU
+#   bash scripts/setup.sh --test    # plus test needs: pytest, hypothesis, redis-server, fio
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -22,6 +22,14 @@ apt_install() {  # apt_install PACKAGE... : installs what is missing, or says wh
 if [ ! -f /usr/include/liburing.h ]; then
   apt_install liburing-dev || echo "setup: building without the io_uring engine" >&2
 fi
+# SGLang JIT-builds its HiCache page-hash extension at start-up (torch cpp_extension: ninja, -lcrypto)
+missing=""
+command -v ninja >/dev/null 2>&1 || missing="$missing ninja-build"
+[ -f /usr/include/openssl/sha.h ] || missing="$missing libssl-dev"
+if [ -n "$missing" ]; then
+  # shellcheck disable=SC2086
+  apt_install $missing || { echo "setup: SGLang's server needs:$missing" >&2; exit 1; }
+fi
 stamp=.venv/.radixtier-setup
 if [ ! -f "$stamp.base" ]; then
   pip install -q --upgrade pip
@@ -29,6 +37,13 @@ if [ ! -f "$stamp.base" ]; then
   pip install -q torch==2.14.1
   pip install -q -e '.[demo]'
   touch "$stamp.base"
+fi
+if [ ! -f "$stamp.sglang" ]; then
+  # SGLang with --no-deps and only what its cache code and server import on CPU (requirements/sglang-cpu.txt);
+  # its full dependency set brings ~11 GB of CUDA wheels. On a GPU node: pip install 'sglang[all]==0.5.23'.
+  pip install -q torchvision==0.29.1 -r requirements/sglang-cpu.txt
+  pip install -q --no-deps sglang==0.5.23
+  touch "$stamp.sglang"
 fi
 # (re)build the native extensions when a source is newer than its built module, or it is missing
 stale() {  # stale SOURCE MODULE_PREFIX
@@ -41,16 +56,11 @@ fi
 if [ "$want_test" = 1 ]; then
   if [ ! -f "$stamp.test" ]; then
     pip install -q -e '.[test,demo]'
-    pip install -q torchvision==0.29.1 -r requirements/sglang-cpu.txt
-    pip install -q --no-deps sglang==0.5.23
     touch "$stamp.test"
   fi
   missing=""
   command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
   command -v fio >/dev/null 2>&1 || missing="$missing fio"
-  # SGLang JIT-builds its HiCache page-hash extension (torch cpp_extension: ninja, -lcrypto)
-  command -v ninja >/dev/null 2>&1 || missing="$missing ninja-build"
-  [ -f /usr/include/openssl/sha.h ] || missing="$missing libssl-dev"
   if [ -n "$missing" ]; then
     # shellcheck disable=SC2086
     apt_install $missing || { echo "setup: the Redis and bandwidth tests need:$missing" >&2; exit 1; }

@@ -42,6 +42,8 @@ LocationTuple = Tuple[str, int, int, int, int]
 class PutResult:
     ok: List[bool]
     evicted: List[bytes] = field(default_factory=list)  # keys dropped to make room, in eviction order
+    already_stored: int = 0  # ok pages the store held before this call (nothing written for them)
+    written: int = 0  # pages this call wrote (a key twice in one batch is written once)
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,10 @@ offers the scheduler's steps in the scheduler's order (allocation with eviction,
 `check_hicache_events`, `prefetch_from_storage` with the arguments `Scheduler._prefetch_kvcache`
 passes, `check_prefetch_progress`, `init_load_back`, load to device).
 
-CPU shims, each the smallest that lets SGLang's code run here (facts: shared/sglang-0.5.23-on-cpu.md):
-1. sgl_kernel's direct KV copy ops (`transfer_kv_direct`, `transfer_kv_per_layer_direct_pf_lf`,
-   `transfer_kv_all_layer_direct_lf_pf`) are imported only on CUDA/HIP, so SGLang's host pool
-   raises NameError on the CPU: equivalent torch index copies are installed in its module. They
-   move L1<->L2 only; radixtier (L3) never goes through them.
-2. The host pool is built with `pin_memory=False` (no CUDA to pin for), by wrapping the
-   assembler's pool-class lookup, as SGLang's own test kit does.
-3. `ServerArgs(model_path="dummy")` skips argument resolution, so its hicache step
-   (`handle_hicache`) is run here; the parallel state is stated (tp = pp = 1) since no process
-   group exists.
+On the CPU, SGLang's L1<->L2 copy ops and pinned host pool need radixtier's CPU support layer
+(`radixtier.integrations.sglang.cpu_support`, the same patches the real server runs with here);
+`ServerArgs(model_path="dummy")` skips argument resolution, so its hicache step (`handle_hicache`)
+is run here, and the parallel state is stated (tp = pp = 1) since no process group exists.
 """
 
 from __future__ import annotations
@@ -31,9 +25,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-import sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler as assembler
-import sglang.srt.mem_cache.pool_host.mha as pool_host_mha
-import sglang.srt.mem_cache.pool_host.mla as pool_host_mla
 from sglang.srt.arg_groups.hicache_hook import handle_hicache
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.allocation import alloc_token_slots
@@ -49,66 +40,7 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-
-# ---------------------------------------------------------------- shim 1: L1<->L2 copies on the CPU
-def _transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
-    for src, dst in zip(src_layers, dst_layers):
-        dst[dst_indices.long()] = src[src_indices.long()]
-
-
-def _transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size):
-    idx = src_indices.long()  # host page_first_direct: [pages, layers, page_size, heads, dim]
-    for src, dst in zip(src_ptrs, dst_ptrs):
-        dst[dst_indices.long()] = src[idx // page_size, layer_id, idx % page_size]
-
-
-def _transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices, page_size):
-    # device buffers: every layer's K, then every layer's V (MHA: two host buffers) or one latent
-    # buffer per layer (MLA: one host buffer)
-    layers = len(src_ptrs) // len(dst_ptrs)
-    idx = dst_indices.long()
-    for b, dst in enumerate(dst_ptrs):
-        for layer in range(layers):
-            dst[idx // page_size, layer, idx % page_size] = src_ptrs[b * layers + layer][src_indices.long()]
-
-
-def _resident(pool):
-    """Fault the host pool's memory in now, as pinned memory is on a GPU machine: left lazy, the first
-    transfer into each page would pay the fault (on a VM, ~0.5 GB/s for memory never touched), and
-    whichever backend's run touched a region first would look slower than the same run elsewhere."""
-    pool.kv_buffer.zero_()
-    return pool
-
-
-class _UnpinnedMLAHost(pool_host_mla.MLATokenToKVPoolHost):
-    """SGLang's MLA host pool with pin_memory=False (shim 2, for the class the assembler names directly)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs["pin_memory"] = False
-        super().__init__(*args, **kwargs)
-        _resident(self)
-
-
-def install_cpu_shims() -> None:
-    for module in (pool_host_mha, pool_host_mla):
-        module.transfer_kv_direct = _transfer_kv_direct
-        module.transfer_kv_per_layer_direct_pf_lf = _transfer_kv_per_layer_direct_pf_lf
-        module.transfer_kv_all_layer_direct_lf_pf = _transfer_kv_all_layer_direct_lf_pf
-    assembler.MLATokenToKVPoolHost = _UnpinnedMLAHost
-    if not getattr(assembler.get_mha_host_pool_cls, "_radixtier_unpinned", False):
-        original = assembler.get_mha_host_pool_cls
-
-        def unpinned(device_pool):  # shim 2
-            cls = original(device_pool)
-
-            def build(*args, **kwargs):
-                kwargs["pin_memory"] = False
-                return _resident(cls(*args, **kwargs))
-
-            return build
-
-        unpinned._radixtier_unpinned = True
-        assembler.get_mha_host_pool_cls = unpinned
+from radixtier.integrations.sglang import cpu_support
 
 
 class SGLangNode:
@@ -121,7 +53,7 @@ class SGLangNode:
                  storage_env: Optional[Dict[str, str]] = None, mla: bool = False) -> None:
         """extra: radixtier's extra_config keys (storage_backend "dynamic"), or another SGLang
         backend's own extra_config (e.g. "file", "nixl"; their directories come from storage_env)."""
-        install_cpu_shims()
+        cpu_support.install()
         self.page_size, self.layers, self.heads, self.head_dim = page_size, layers, heads, head_dim
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
         self.req_to_token = ReqToTokenPool(size=16, max_context_len=4096, device="cpu", enable_memory_saver=False)

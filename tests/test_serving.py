@@ -78,9 +78,10 @@ def test_workloads_share_what_they_should():
     assert agents[0][0].tokens[:32] == agents[3][0].tokens[:32] != agents[1][0].tokens[:32]
 
 
-def test_demo_runs_and_reports(tmp_path):
+def test_embedded_demo_runs_and_reports(tmp_path):
     out, png = tmp_path / "demo.json", tmp_path / "demo.png"
-    r = subprocess.run([sys.executable, "-m", "radixtier", "demo", "--quick", "--model", "tiny", "--json", str(out),
+    r = subprocess.run([sys.executable, "-m", "radixtier", "demo", "--embedded", "--quick", "--model", "tiny",
+                        "--json", str(out),
                         "--png", str(png)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "TTFT" in r.stdout and "first tokens identical" in r.stdout and "planner" in r.stdout
@@ -96,15 +97,16 @@ def test_demo_runs_and_reports(tmp_path):
         assert w["paths"]["radixtier"]["ttft_mean_predicted_s"] > 0
 
 
-def test_demo_refuses_to_clear_a_namespace_that_holds_pages(tmp_path):
+@pytest.mark.parametrize("embedded", [["--embedded", "--model", "tiny"], []], ids=["embedded", "sglang-server"])
+def test_demo_refuses_to_clear_a_namespace_that_holds_pages(tmp_path, embedded):
     path = str(tmp_path / "ns.img")
     model = ToyLlama(ModelSpec("tiny", page_size=16))
     s = NvmeofPageStore(path, model.kv_bytes_per_token * 16, create_bytes=32 << 20)
     s.put([bytes(16)], [torch.zeros(model.kv_bytes_per_token * 4, dtype=torch.int32)])
     s.close()
-    r = subprocess.run([sys.executable, "-m", "radixtier", "demo", "--quick", "--model", "tiny", "--namespace", path],
+    r = subprocess.run([sys.executable, "-m", "radixtier", "demo", "--quick", *embedded, "--namespace", path],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "--force" in r.stderr
+    assert r.returncode == 2 and "--force" in r.stderr and "Traceback" not in r.stderr
     s = NvmeofPageStore(path, model.kv_bytes_per_token * 16)
     assert len(s) == 1  # untouched
     s.close()

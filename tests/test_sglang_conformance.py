@@ -1,7 +1,9 @@
 """radixtier as SGLang uses it: driven through SGLang 0.5.23's own UnifiedRadixCache and controller.
 
 Nothing here calls RadixTierStorage directly: SGLang's controller threads do, from its own
-backup and prefetch paths (see tests/sglang_driver.py for the steps and the CPU shims).
+backup and prefetch paths (see tests/sglang_driver.py for the steps). The cache is built on CPU
+pools with radixtier's CPU support layer; where CUDA is present that layer refuses to load, and
+tests/test_sglang_server.py covers SGLang on the GPU through its real server.
 Every K and V byte of every layer that SGLang loads back onto the device is checked.
 """
 
@@ -14,6 +16,12 @@ from conftest import require_sglang  # noqa: E402
 
 require_sglang("sglang_driver")
 from sglang_driver import SGLangNode  # noqa: E402
+
+from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
+
+if cuda_present():
+    pytest.skip("CUDA present: SGLang's L1<->L2 copies are CUDA kernels, which CPU pools cannot use; "
+                "the real-server tests run SGLang on the GPU", allow_module_level=True)
 
 pytestmark = pytest.mark.sglang
 PS = 16

@@ -396,14 +396,92 @@ def test_errors_become_misses_not_exceptions(ns, caplog):
     b.close()
 
 
-def test_entry_point_registers_and_logs(caplog):
+def test_entry_point_hooks_sglangs_argument_check():
+    """SGLang loads plugins before it configures logging: register() logs nothing, it hooks check_server_args."""
     from importlib.metadata import entry_points
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from radixtier.integrations.sglang.plugin import CHECK_TARGET, after_check_server_args
 
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "radixtier"]
     assert eps, "radixtier is not installed with its sglang.srt.plugins entry point"
+    assert eps[0].load()() is True
+    assert (HookType.AFTER, after_check_server_args) in [(t, h) for t, h, _src in HookRegistry._hooks[CHECK_TARGET]]
+
+
+def _server_args(extra, policy="wait_complete", backend="dynamic"):
+    import json as _json
+
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="dummy", enable_hierarchical_cache=True, hicache_storage_backend=backend,
+                      hicache_storage_prefetch_policy=policy,
+                      hicache_storage_backend_extra_config=None if extra is None else _json.dumps(extra))
+
+
+def test_argument_check_hook_checks_logs_and_warns(ns, caplog):
+    from radixtier.integrations.sglang.plugin import after_check_server_args, backend_extra_config
+
     with caplog.at_level(logging.INFO, logger="radixtier.sglang"):
-        assert eps[0].load()() is True
-    assert "--hicache-storage-backend dynamic" in caplog.text
+        assert after_check_server_args("r", _server_args(None, backend="file")) == "r"
+        assert "available; select it with --enable-hierarchical-cache" in caplog.text
+        caplog.clear()
+        after_check_server_args(None, _server_args(backend_extra_config(**ns)))
+        assert f"L3 backend: namespace {ns['path']}" in caplog.text and "best_effort" not in caplog.text
+        after_check_server_args(None, _server_args(backend_extra_config(**ns), policy="best_effort"))
+        assert "best_effort" in caplog.text and "use wait_complete" in caplog.text
+    with pytest.raises(ConfigError, match="unknown key 'redis_ulr'; did you mean 'redis_url'"):
+        after_check_server_args(None, _server_args(backend_extra_config(**ns, redis_ulr="redis://x")))
+    assert not os.path.exists(ns["path"])  # checked before anything is opened
+
+
+def test_backup_counts_only_pages_it_wrote(ns, caplog):
+    """A backup of pages tier 3 already holds writes nothing: SGLang's backup figures and the written
+    count leave them out, and they are counted (and said once) as SGLang recomputing what it could load."""
+    host = make_host_pool("page_first", seed=5)
+    b = attach(host, {**ns, "interface_v1": 1})
+    keys = chain_keys(6, "rebackup")
+    assert all(b.batch_set_v1(keys[:4], slots(0, 4), HiCacheStorageExtraInfo(prefix_keys=[])))
+    assert b.get_stats().backup_pgs == [4]
+    with caplog.at_level(logging.WARNING, logger="radixtier.sglang"):
+        assert all(b.batch_set_v1(keys, slots(0, 6), HiCacheStorageExtraInfo(prefix_keys=[])))
+        assert all(b.batch_set_v1(keys, slots(0, 6), HiCacheStorageExtraInfo(prefix_keys=[])))
+    m = b.get_stats()
+    assert m.backup_pgs == [2] and len(m.backup_bandwidth) == 1
+    totals = b.radixtier_stats()
+    assert totals["pages_written"] == 6 and totals["pages_already_stored"] == 4 + 6
+    assert totals["store"]["writes"] == 6
+    assert caplog.text.count("already holds") == 1
+    b.close()
+
+
+def test_ranks_creating_one_namespace_at_once_leave_only_the_namespace(tmp_path):
+    """Ranks of a node find the file missing together: one formats it, all open it, and the creation
+    lock (flock on the folder) leaves no file beside the namespace."""
+    import threading
+
+    folder = tmp_path / "fleet"
+    hosts = [make_host_pool("page_first", seed=r) for r in range(4)]
+    out, errors = [None] * 4, []
+
+    def rank(r):
+        try:
+            out[r] = attach(hosts[r], {"path": str(folder / "ns.img"), "capacity": "64MiB", "node_id": "n"},
+                            tp_rank=r, tp_size=4)
+        except Exception as exc:  # pragma: no cover - the assertion below shows it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({b.store.uuid for b in out}) == 1 and sorted(b.store.partition for b in out) == [0, 1, 2, 3]
+    for b in out:
+        b.close()
+    assert os.listdir(folder) == ["ns.img"]
 
 
 def test_tls_files_that_exist_are_accepted(ns, tmp_path):

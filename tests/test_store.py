@@ -255,8 +255,12 @@ def test_duplicate_key_in_a_batch_is_stored_only_if_its_write_is(tmp_path, monke
     _fail_writes(s, monkeypatch)
     res = s.put([key(1), key(1)], [content(1), content(1)])
     assert res.ok == [False, False]
+    assert (res.written, res.already_stored) == (0, 0)
     monkeypatch.undo()
-    assert s.put([key(1), key(1)], [content(1), content(1)]).ok == [True, True]
+    res = s.put([key(1), key(1)], [content(1), content(1)])
+    assert res.ok == [True, True] and (res.written, res.already_stored) == (1, 0)
+    res = s.put([key(1), key(2), key(2)], [content(1), content(2), content(2)])
+    assert res.ok == [True] * 3 and (res.written, res.already_stored) == (1, 1)  # what SGLang's backup figures count
     s.close()
 
 

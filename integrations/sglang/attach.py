@@ -1,8 +1,10 @@
 """Opening one rank's view of the tier: its partition of the namespace and the prefix index.
 
-Ranks of one node start at the same time and may all find the namespace file missing, so
-creating it is serialised with a lock file beside it; each rank then takes its own partition
-(`partition + rank index`), so ranks and nodes never write each other's slots.
+Ranks of one node start at the same time and may all find the namespace file missing, so when
+they may create it (`capacity` set) they serialise on a lock of the folder that holds it (flock on
+the directory: no lock file is left beside the namespace, and none can be removed under a
+waiter); each rank then takes its own partition (`partition + rank index`), so ranks and nodes
+never write each other's slots.
 """
 
 from __future__ import annotations
@@ -36,10 +38,7 @@ def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id
                           f"create a file namespace, or format a device with `radixtier format`")
     if is_file and os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-    lock_fd = None
-    if is_file:
-        lock_fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # one creator; the others open what it formatted
+    lock_fd = _lock_creation(path) if is_file and cfg.capacity else None
     try:
         fresh = not os.path.exists(path) or (is_file and os.path.getsize(path) == 0)
         if not fresh:
@@ -71,6 +70,21 @@ def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id
         if lock_fd is not None:
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
             os.close(lock_fd)
+
+
+def _lock_creation(path: str) -> int:
+    """flock on the namespace's folder, held while a rank may create the file: one creator, and the
+    others open what it formatted (never a half-formatted file). Without `capacity` nothing is
+    created and no lock is taken (a filesystem without flock, such as some NFS mounts, works that way)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigError(f"capacity: cannot lock {folder} to create {path} ({exc.strerror}); format it once with "
+                          f"`radixtier format {path} --capacity ...` and leave capacity out") from None
+    return fd
 
 
 def open_index(cfg: BackendConfig, store: NvmeofPageStore, node_id: str) -> PrefixIndex:

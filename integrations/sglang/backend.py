@@ -47,8 +47,11 @@ class _BackendCounters:
         self.backup_pgs: List[int] = []
         self.prefetch_bandwidth: List[float] = []
         self.backup_bandwidth: List[float] = []
+        # pages_written: pages this call wrote; pages_already_stored: pages SGLang asked to back up that
+        # tier 3 held already (SGLang recomputed what it could have loaded; see _note_already_stored)
         self.totals = {"exists_calls": 0, "pages_local": 0, "pages_remote": 0, "pages_missed": 0,
-                       "pages_written": 0, "pages_write_failed": 0, "pages_skipped_not_writer": 0, "errors": 0}
+                       "pages_written": 0, "pages_already_stored": 0, "pages_write_failed": 0,
+                       "pages_skipped_not_writer": 0, "errors": 0}
 
     def record(self, read: bool, pages: int, nbytes: int, seconds: float) -> None:
         gbps = nbytes / max(seconds, 1e-9) / 1e9
@@ -91,6 +94,7 @@ class RadixTierStorage(HiCacheStorage):
         self._stats = _BackendCounters()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
         self._warned_no_prefix = False
+        self._warned_already_stored = False
         log.info("radixtier: HiCache backend for %s rank %d (tp %d/%d, pp %d/%d, dp %d%s) on %s, index %s as %s",
                  self.rank.model or "model", self.rank.rank_index(), self.rank.tp_rank, self.rank.tp_size,
                  self.rank.pp_rank, self.rank.pp_size, self.rank.dp_rank, ", MLA" if self.rank.is_mla else "",
@@ -445,18 +449,35 @@ class RadixTierStorage(HiCacheStorage):
         res = store.put(chain.keys, bufs, parents=chain.parents)
         evicted = list(res.evicted) + store.take_evicted()
         n_ok = sum(res.ok)
-        self._stats.add(pages_written=n_ok, pages_write_failed=len(res.ok) - n_ok)
+        self._stats.add(pages_written=res.written, pages_already_stored=res.already_stored,
+                        pages_write_failed=len(res.ok) - n_ok)
         elapsed = time.perf_counter() - t0
-        if n_ok:
-            self._stats.record(False, n_ok, n_ok * self._page_nbytes(bufs[0]), elapsed)
+        if res.written:  # SGLang's backup figures: pages and bytes that reached the device, nothing else
+            self._stats.record(False, res.written, res.written * self._page_nbytes(bufs[0]), elapsed)
+        if res.already_stored:
+            self._note_already_stored(res.already_stored)
         self._publish(chain, res.ok, evicted)
         prom, publisher = self._prom, self._publisher
         if prom is not None:
             prom.observe("storage_write_seconds", elapsed)
+            prom.inc("backup_already_stored_pages", res.already_stored)
             prom.sync_store(store.stats())
             if publisher is not None:
                 prom.sync_index(publisher.health())
         return list(res.ok)
+
+    def _note_already_stored(self, pages: int) -> None:
+        """SGLang backs up only what its tree does not know to be in storage, so a backup of pages
+        tier 3 already holds means SGLang computed KV it could have loaded: its prefetch was cut
+        short (policy best_effort drops a read still in flight when the request is scheduled) or the
+        hit was below its prefetch_threshold. Said once; counted always."""
+        if self._warned_already_stored:
+            return
+        self._warned_already_stored = True
+        log.warning("radixtier: SGLang asked to back up %d page(s) tier 3 already holds: it recomputed KV it "
+                    "could have loaded (a prefetch dropped before its read landed -- "
+                    "--hicache-storage-prefetch-policy best_effort -- or a hit under prefetch_threshold); "
+                    "counted in radixtier:backup_already_stored_pages_total", pages)
 
     def _publish(self, chain: Chain, ok: List[bool], evicted: List[bytes]) -> None:
         if self._publisher is not None:

@@ -24,6 +24,7 @@ import torch
 from radixtier.cache import TieredKVCache
 from radixtier.policies import PrefetchPolicy
 from radixtier.tiers import Tier
+from radixtier.demo.stats import percentile
 from radixtier.demo.toymodel import ToyLlama
 from radixtier.demo.workloads import Request, Session
 
@@ -223,15 +224,6 @@ class _Queued:
         self.started = False
         self.box: list = []
         self.done = threading.Event()
-
-
-def percentile(xs: List[float], p: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * p / 100
-    lo, hi = int(k), min(len(xs) - 1, int(k) + 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def summarize(results: List[RequestResult], wall: float) -> Dict[str, object]:

@@ -510,10 +510,12 @@ class NvmeofPageStore:
         plan: List[Tuple[int, bytes, Optional[bytes], int, List[memoryview]]] = []  # (i, key, parent, slot, segs)
         first_of: Dict[bytes, int] = {}  # key -> index of its first copy in this batch
         dups: List[Tuple[int, int]] = []  # (index, index of the copy that is written)
+        already = 0
         with self._lock:
             for i, key in enumerate(keys):
                 if key in self._index:
                     ok[i] = True
+                    already += 1
                     self._order.touch(key)
                     continue
                 if key in first_of:
@@ -537,7 +539,7 @@ class NvmeofPageStore:
                 raise
         for i, j in dups:
             ok[i] = ok[j]
-        return PutResult(ok, evicted)
+        return PutResult(ok, evicted, already, sum(ok[p[0]] for p in plan))
 
     def _write_planned(self, plan: List[Tuple[int, bytes, Optional[bytes], int, List[memoryview]]],
                        ok: List[bool]) -> None:

@@ -1,0 +1,248 @@
+"""SGLang 0.5.23's real server on a machine with no CUDA: the four patches it needs, each for a named reason.
+
+On a GPU node none of this is loaded (`install()` refuses where CUDA is present). Here, on CPU-only
+machines, it lets the real `sglang.launch_server` -- its HTTP server, scheduler and detokenizer
+processes, radixtier attached as the L3 backend -- run a small model, so the project's tests, bench
+and demo go through the path users run. Each patch is as small as SGLang allows, and
+`tests/test_cpu_support.py` fails the day SGLang's behaviour it works around changes:
+
+1. **`sgl_kernel` stand-in.** With SGLang's CPU engine on (`SGLANG_USE_CPU_ENGINE=1`), modules on the
+   server's import path import CPU ops from `sgl_kernel` at module level (e.g.
+   `kernels/ops/kvcache/cache_move.py`: `copy_all_layer_kv_cache_cpu`), and PyPI has no CPU build of
+   sgl_kernel (its only wheel needs libcuda). The stand-in names exactly those ops (`STANDIN_OPS`),
+   each raising if called; none is called on this path. Submodules (`sgl_kernel.scalar_type`, ...)
+   stay missing, so SGLang takes the fallbacks it already has for them, and with no
+   `torch.ops.sgl_kernel` registered SGLang picks its torch fallbacks (RMSNorm, RoPE, SiLU, linear).
+   A real sgl_kernel, where one is installed, always wins.
+2. **L1<->L2 copies.** `pool_host/mha.py` and `pool_host/mla.py` import sgl_kernel's direct copy ops
+   (`transfer_kv_direct`, `transfer_kv_per_layer_direct_pf_lf`, `transfer_kv_all_layer_direct_lf_pf`)
+   only on CUDA/HIP, so a host-pool load or backup raises NameError on the CPU. Torch index copies
+   with the same signatures are put in their place. They move L1<->L2 only; tier 3 never uses them.
+3. **Unpinned host pool.** SGLang builds the host pool with `pin_memory=True`, which needs a CUDA
+   driver. The assembler's pool classes are wrapped to pass `pin_memory=False`, and the pool is
+   faulted in at once, as pinned memory is (left lazy, the first transfer into each page pays it).
+4. **No PyNccl for TP > 1.** `init_model_parallel_group` defaults to PyNccl on every platform but
+   NPU/XPU ("Expected a cuda device"); on the CPU it is told `use_pynccl=False` (gloo carries the
+   collectives). Each rank also needs its own cores: `SGLANG_CPU_OMP_THREADS_BIND` (the launcher sets it).
+
+The patches are applied as their modules are imported (an import hook), in every SGLang process:
+`python -m radixtier.integrations.sglang.cpu_server` runs `sglang.launch_server` after `install()`,
+and SGLang's spawned processes import that module again as `__mp_main__` before anything of SGLang's.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import sys
+import types
+from typing import Any, Callable, Dict, Optional, Sequence
+
+log = logging.getLogger("radixtier.sglang.cpu")
+
+# What SGLang 0.5.23's CPU engine imports from sgl_kernel at module level on the server's path.
+STANDIN_OPS = (
+    "copy_all_layer_kv_cache_cpu",          # kernels/ops/kvcache/cache_move.py
+    "assign_req_to_token_pool_cpu",         # mem_cache/allocation.py
+    "build_tree_kernel_efficient_cpu",      # speculative decoding (imported, not used without it)
+    "verify_tree_greedy_cpu",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+)
+COPY_OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf")
+HOST_POOL_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla")
+ASSEMBLER_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
+
+
+class CudaPresentError(RuntimeError):
+    """The support layer is for machines without CUDA; on a GPU SGLang runs as it is."""
+
+
+# ---------------------------------------------------------------- patch 1: sgl_kernel stand-in
+class _StandinKernel(types.ModuleType):
+    """`sgl_kernel` with only STANDIN_OPS; each raises if called (none is, on this path)."""
+
+    def __getattr__(self, name: str):
+        if name not in STANDIN_OPS:
+            raise AttributeError(f"module 'sgl_kernel' (radixtier's CPU stand-in) has no attribute {name!r}")
+
+        def op(*_args, **_kwargs):
+            raise NotImplementedError(f"sgl_kernel.{name}: radixtier's CPU stand-in has no kernels; "
+                                      f"this SGLang path needs a real sgl_kernel CPU build")
+        op.__name__ = op.__qualname__ = name
+        setattr(self, name, op)
+        return op
+
+
+# ---------------------------------------------------------------- patch 2: L1<->L2 copies in torch
+# sgl_kernel's signatures (src, dst, indices, ...); on the CPU the "pointers" are the tensors themselves.
+def transfer_kv_direct(src_layers: Sequence[Any], dst_layers: Sequence[Any], src_indices: Any, dst_indices: Any,
+                       page_size: int) -> None:
+    """Token rows from each source layer buffer to the same layer's destination buffer (layer_first)."""
+    for src, dst in zip(src_layers, dst_layers):
+        dst[dst_indices.long()] = src[src_indices.long()]
+
+
+def transfer_kv_per_layer_direct_pf_lf(src_ptrs: Sequence[Any], dst_ptrs: Sequence[Any], src_indices: Any,
+                                       dst_indices: Any, layer_id: int, page_size: int) -> None:
+    """One layer from a page_first_direct host pool ([pages, layers, page_size, ...]) to the device."""
+    idx = src_indices.long()
+    for src, dst in zip(src_ptrs, dst_ptrs):
+        dst[dst_indices.long()] = src[idx // page_size, layer_id, idx % page_size]
+
+
+def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence[Any], dst_ptrs: Sequence[Any], src_indices: Any,
+                                       dst_indices: Any, page_size: int) -> None:
+    """Every layer from the device to a page_first_direct host pool. The device buffers are every
+    layer's K, then every layer's V (MHA: two host buffers) or one latent buffer per layer (MLA: one)."""
+    layers = len(src_ptrs) // len(dst_ptrs)
+    idx = dst_indices.long()
+    for b, dst in enumerate(dst_ptrs):
+        for layer in range(layers):
+            dst[idx // page_size, layer, idx % page_size] = src_ptrs[b * layers + layer][src_indices.long()]
+
+
+def _patch_host_pool_module(module: types.ModuleType) -> None:
+    for name in COPY_OPS:
+        if name not in vars(module):  # imported only on CUDA/HIP; never replace a real kernel
+            setattr(module, name, globals()[name])
+
+
+# ---------------------------------------------------------------- patch 3: unpinned, resident host pool
+def _unpinned(cls: type) -> type:
+    """A host pool class whose instances are built with pin_memory=False and faulted in at once, as
+    pinned memory is (left lazy, the first transfer into each page would pay the fault)."""
+
+    class Unpinned(cls):
+        def __init__(self, *args, **kwargs):
+            kwargs["pin_memory"] = False
+            super().__init__(*args, **kwargs)
+            self.kv_buffer.zero_()
+
+    Unpinned.__name__ = Unpinned.__qualname__ = cls.__name__
+    Unpinned.__module__ = cls.__module__
+    return Unpinned
+
+
+def _patch_assembler(module: types.ModuleType) -> None:
+    original = module.get_mha_host_pool_cls
+
+    def get_mha_host_pool_cls(*args, **kwargs):
+        return _unpinned(original(*args, **kwargs))
+
+    module.get_mha_host_pool_cls = get_mha_host_pool_cls
+    module.MLATokenToKVPoolHost = _unpinned(module.MLATokenToKVPoolHost)
+
+
+# ---------------------------------------------------------------- patch 4: gloo, not PyNccl
+def _patch_parallel_state(module: types.ModuleType) -> None:
+    original = module.init_model_parallel_group
+
+    def init_model_parallel_group(group_ranks, local_rank, backend, use_pynccl=None, *args, **kwargs):
+        return original(group_ranks, local_rank, backend, False if use_pynccl is None else use_pynccl,
+                         *args, **kwargs)
+
+    module.init_model_parallel_group = init_model_parallel_group
+
+
+# patch name -> {module: what to do to it once it is imported}; "sgl_kernel" is the stand-in (no module patch)
+PATCHES: Dict[str, Dict[str, Callable[[types.ModuleType], None]]] = {
+    "sgl_kernel": {},
+    "copy_ops": {name: _patch_host_pool_module for name in HOST_POOL_MODULES},
+    "unpinned_host_pool": {ASSEMBLER_MODULE: _patch_assembler},
+    "no_pynccl": {PARALLEL_STATE_MODULE: _patch_parallel_state},
+}
+
+
+# ---------------------------------------------------------------- the import hook
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs a module's own loader, then its patch: the patch lands before any importer binds a name."""
+
+    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[types.ModuleType], None]) -> None:
+        self.inner, self.patch = inner, patch
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        self.patch(module)
+
+
+class _SupportFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the sgl_kernel stand-in and wraps the loaders of the modules PATCHES names."""
+
+    def __init__(self, names: set, standin: bool,
+                 module_patches: Dict[str, Callable[[types.ModuleType], None]]) -> None:
+        self.names, self.standin, self.module_patches = names, standin, module_patches
+
+    def find_spec(self, name: str, path=None, target=None):
+        if name == "sgl_kernel" and self.standin:
+            return importlib.machinery.ModuleSpec(name, self)
+        patch = self.module_patches.get(name)
+        if patch is None:
+            return None
+        spec = _find_real_spec(name, path, target, skip=self)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, patch)
+        return spec
+
+    def create_module(self, spec):  # the stand-in
+        return _StandinKernel(spec.name)
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def _find_real_spec(name, path, target, skip):
+    for finder in sys.meta_path:
+        if finder is skip or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+_installed: Optional[_SupportFinder] = None
+
+
+def cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def install(only: Optional[Sequence[str]] = None) -> None:
+    """Apply the patches in this process (`only`: just these names of PATCHES, so a test can show one
+    patch's reason with the others in place). Installing again with the same patches does nothing;
+    with others it is an error (a module already imported cannot be un-patched). Raises
+    CudaPresentError on a GPU machine."""
+    global _installed
+    names = list(PATCHES) if only is None else list(only)
+    unknown = sorted(set(names) - set(PATCHES))
+    if unknown:
+        raise ValueError(f"only: unknown patch {unknown[0]!r} (patches: {', '.join(PATCHES)})")
+    if _installed is not None:
+        if set(names) != _installed.names:
+            raise ValueError(f"only: patches {sorted(_installed.names)} are installed in this process already; "
+                             f"{sorted(names)} cannot replace them")
+        return
+    if cuda_present():
+        raise CudaPresentError("radixtier's SGLang CPU support layer is for machines without CUDA; "
+                               "on a GPU run sglang.launch_server as it is")
+    real_kernel = "sgl_kernel" in sys.modules or importlib.util.find_spec("sgl_kernel") is not None
+    module_patches = {mod: fn for name in names for mod, fn in PATCHES[name].items()}
+    _installed = _SupportFinder(set(names), standin="sgl_kernel" in names and not real_kernel,
+                                module_patches=module_patches)
+    sys.meta_path.insert(0, _installed)
+    for mod, patch in module_patches.items():  # modules this process imported before install()
+        module = sys.modules.get(mod)
+        if module is not None:
+            patch(module)

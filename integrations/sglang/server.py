@@ -1,0 +1,204 @@
+"""Start and stop real SGLang servers (`sglang.launch_server`) with radixtier as their L3 backend.
+
+The demo, the real-server tests and `bench/sglang_server.py` all go through `SGLangServer`, so
+they run exactly what an operator runs: SGLang's HTTP server, its scheduler and detokenizer
+processes, the plugin entry point in each. A server is started on a free loopback port, in a
+process group of its own (stopping it stops every process SGLang spawned), with a bounded
+start-up time; its log goes to a file, and the tail of that log is in the error when it fails
+to start.
+
+On a machine without CUDA the server runs through `cpu_server` (the CPU support layer) with
+SGLang's CPU flags (`CPU_ARGS`); with CUDA it is `python -m sglang.launch_server` as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import requests
+
+from radixtier.integrations.sglang.plugin import backend_extra_config
+
+# SGLang's CPU path (facts: shared/sglang-0.5.23-on-cpu.md): torch attention, no server warm-up
+# (the first request is the warm-up), L1<->L2 copies by the `direct` io backend.
+CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--skip-server-warmup")
+HICACHE_IO_BACKEND = {"cpu": "direct", "cuda": "kernel"}
+_LOG_NOISE = ("Ignore import error when loading",)  # SGLang probes every model file at start
+
+
+def stop_servers_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit in this (main) thread, so the `finally` and `with` blocks that stop
+    servers run: they live in process groups of their own and would outlive a killed launcher."""
+    def raise_exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_exit)
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not answer /health in time; the message ends with its log's tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's pick; SGLang binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def hicache_args(*, extra_config: Optional[Mapping[str, Any]], backend: str = "dynamic", ratio: float = 2.0,
+                 layout: str = "page_first_direct", write_policy: str = "write_through",
+                 prefetch_policy: str = "wait_complete", device: str = "cpu") -> List[str]:
+    """SGLang's hierarchical-cache flags: L2 at `ratio` x L1, and an L3 backend (None: no L3).
+
+    `wait_complete` is the default here because SGLang's own default, `best_effort`, lets the
+    scheduler cut a prefetch short before its read lands on a lightly loaded server (README).
+    """
+    args = ["--enable-hierarchical-cache", "--hicache-ratio", str(ratio), "--hicache-mem-layout", layout,
+            "--hicache-io-backend", HICACHE_IO_BACKEND[device], "--hicache-write-policy", write_policy]
+    if backend:
+        args += ["--hicache-storage-backend", backend, "--hicache-storage-prefetch-policy", prefetch_policy]
+        if extra_config is not None:
+            args += ["--hicache-storage-backend-extra-config", json.dumps(dict(extra_config))]
+    return args
+
+
+def radixtier_args(path: str, *, capacity: str = "256MiB", node_id: str = "node-a", ratio: float = 2.0,
+                   layout: str = "page_first_direct", write_policy: str = "write_through",
+                   prefetch_policy: str = "wait_complete", device: str = "cpu", **keys: Any) -> List[str]:
+    """Flags for radixtier as the L3 backend on namespace `path` (created with `capacity` if missing)."""
+    extra = backend_extra_config(path=path, capacity=capacity, node_id=node_id, **keys)
+    return hicache_args(extra_config=extra, ratio=ratio, layout=layout, write_policy=write_policy,
+                        prefetch_policy=prefetch_policy, device=device)
+
+
+class SGLangServer:
+    """One `sglang.launch_server` process group on a loopback port.
+
+    Use as a context manager, or call start() and stop(). `kill()` sends SIGKILL to every process
+    of the server at once (a crash); `restart()` starts it again with the same flags and port.
+    """
+
+    def __init__(self, model_path: str, args: Sequence[str] = (), *, log_path: str, device: str = "cpu",
+                 port: Optional[int] = None, host: str = "127.0.0.1", env: Optional[Mapping[str, str]] = None,
+                 startup_timeout_s: float = 240.0, python: str = sys.executable) -> None:
+        if device not in HICACHE_IO_BACKEND:
+            raise ValueError(f"device: expected cpu or cuda, got {device!r}")
+        self.model_path, self.args, self.device = model_path, list(args), device
+        self.host, self.port = host, port or free_port(host)
+        self.log_path, self.startup_timeout_s, self.python = log_path, startup_timeout_s, python
+        self.env = dict(env or {})
+        self.proc: Optional[subprocess.Popen] = None
+        self.startup_s: Optional[float] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> List[str]:
+        launcher = "radixtier.integrations.sglang.cpu_server" if self.device == "cpu" else "sglang.launch_server"
+        cmd = [self.python, "-m", launcher, "--model-path", self.model_path, "--host", self.host,
+               "--port", str(self.port)]
+        if self.device == "cpu":
+            cmd += CPU_ARGS
+        return cmd + self.args
+
+    # ---------------------------------------------------------------- life cycle
+    def start(self) -> "SGLangServer":
+        """Start and wait until /health answers; ServerStartError (with the log's tail) otherwise."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"server on port {self.port} is already running")
+        env = {**os.environ, **self.env}
+        os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== {' '.join(self.command())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_ready(t0 + self.startup_timeout_s)
+            self.startup_s = time.monotonic() - t0
+            self._post("/freeze_gc")  # SGLang's own post-warm-up freeze races the listener when warm-up is skipped
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerStartError(f"SGLang server exited with status {rc} during start-up\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"SGLang server did not answer /health within {self.startup_timeout_s:.0f} s"
+                                       f"\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the process group, then SIGKILL for what is left after timeout_s."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self._signal_group(signal.SIGKILL)  # SGLang's children, should any outlive their parent
+        self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL every process of the server at once, as a crash or an OOM kill of the node would."""
+        if self.proc is not None:
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> "SGLangServer":
+        self.stop()
+        return self.start()
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # start_new_session: the group id is the server's pid
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- HTTP
+    def _post(self, route: str, payload: Optional[Dict[str, Any]] = None, timeout: float = 120.0):
+        r = requests.post(self.url + route, json=payload, timeout=timeout)
+        r.raise_for_status()
+        return r
+
+    def flush_cache(self) -> None:
+        """Empty SGLang's device and host tiers (tier 3 keeps its pages)."""
+        self._post("/flush_cache")
+
+    def metrics(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=10).text
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                text = f.read().decode(errors="replace").splitlines()
+        except OSError as exc:
+            return f"(no log: {exc})"
+        kept = [ln[:400] for ln in text if not any(n in ln for n in _LOG_NOISE)]  # server_args= is one huge line
+        return f"--- last {min(lines, len(kept))} lines of {self.log_path}\n" + "\n".join(kept[-lines:])

@@ -1,0 +1,134 @@
+"""The CPU support layer: each patch's reason still holds in SGLang 0.5.23, and the patch removes it.
+
+Every fact is read in a fresh interpreter with SGLang's CPU engine on, given none, one, or all
+patches, so a test fails the day SGLang stops needing a patch (or needs another one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import require_sglang
+
+require_sglang("sglang.srt.mem_cache.hicache_storage")
+
+from radixtier.integrations.sglang import cpu_support  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+PROBE = r'''
+import importlib.util, json, os, sys
+os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+real_kernel = importlib.util.find_spec("sgl_kernel") is not None
+only = json.loads(sys.argv[1])  # patch names, or "all"
+from radixtier.integrations.sglang import cpu_support
+cpu_support.install(None if only == "all" else only)
+facts = {}
+try:
+    import sglang.srt.mem_cache.memory_pool as mp
+except ImportError as exc:
+    print(json.dumps({"real_kernel": real_kernel, "memory_pool": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+import torch
+import sglang.srt.mem_cache.pool_host.mha as mha
+from radixtier.integrations.sglang.cpu_support import COPY_OPS
+facts["copy_ops"] = {n: getattr(vars(mha).get(n), "__module__", None) for n in COPY_OPS}
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=16))
+from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as asm
+dev = mp.MHATokenToKVPool(256, 16, torch.bfloat16, 2, 64, 2, "cpu", False, start_layer=0, end_layer=2,
+                          enable_alt_stream=False)
+try:
+    host = asm.build_kv_host_pool(kv_pool=dev, page_size=16, host_size=None)
+    facts["host_pool"] = {"pinned": host.pin_memory}
+except Exception as exc:
+    facts["host_pool"] = f"{type(exc).__name__}: {exc}"
+import sglang.srt.distributed.parallel_state as ps
+seen = {}
+class Coordinator:
+    def __init__(self, **kwargs):
+        seen.update(kwargs)
+ps.GroupCoordinator = Coordinator
+ps.init_model_parallel_group([[0]], 0, "gloo")
+facts["use_pynccl"] = seen["use_pynccl"]
+import sgl_kernel
+try:
+    sgl_kernel.copy_all_layer_kv_cache_cpu()
+except NotImplementedError as exc:
+    facts["standin_call"] = str(exc)
+try:
+    from sgl_kernel.scalar_type import scalar_types
+except ImportError as exc:
+    facts["standin_submodule"] = type(exc).__name__
+facts["standin_other_name"] = hasattr(sgl_kernel, "scalar_types")
+print(json.dumps(facts))
+'''
+
+
+def probe(only):
+    if cpu_support.cuda_present():
+        pytest.skip("CUDA present: SGLang runs without the CPU support layer")
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(only)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_without_the_standin_sglangs_cpu_engine_cannot_import_its_memory_pool():
+    """Patch 1's reason: no CPU build of sgl_kernel, and the CPU engine imports its ops at module level."""
+    facts = probe([])
+    assert facts["real_kernel"] is False, "a real sgl_kernel is installed: the stand-in is moot"
+    assert facts["memory_pool"] == "ModuleNotFoundError: No module named 'sgl_kernel'"
+
+
+def test_without_patches_2_to_4_each_reason_holds():
+    facts = probe(["sgl_kernel"])
+    assert facts["copy_ops"] == {n: None for n in cpu_support.COPY_OPS}  # patch 2: imported on CUDA/HIP only
+    assert "NVIDIA driver" in facts["host_pool"]  # patch 3: the host pool is built pinned
+    assert facts["use_pynccl"] is True  # patch 4: PyNccl by default, even on the CPU
+
+
+def test_with_every_patch_sglangs_cpu_path_builds():
+    facts = probe("all")
+    assert facts["copy_ops"] == {n: cpu_support.__name__ for n in cpu_support.COPY_OPS}
+    assert facts["host_pool"]["pinned"] is False
+    assert facts["use_pynccl"] is False
+    assert "radixtier's CPU stand-in has no kernels" in facts["standin_call"]  # never called on this path
+    assert facts["standin_submodule"] == "ModuleNotFoundError"  # SGLang's own fallbacks take over
+    assert facts["standin_other_name"] is False
+
+
+def test_every_standin_op_is_still_imported_by_sglang():
+    """A name SGLang no longer imports from sgl_kernel is stale. (One it newly imports on the server's
+    path fails the real server's start with an ImportError naming it: the real-server tests see that.)"""
+    import ast
+
+    import sglang
+
+    imported = set()
+    for f in pathlib.Path(sglang.__file__).parent.rglob("*.py"):
+        try:
+            tree = ast.parse(f.read_text(errors="replace"))
+        except SyntaxError:
+            continue
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "sgl_kernel"
+                     for a in node.names}
+    stale = [n for n in cpu_support.STANDIN_OPS if n not in imported]
+    assert not stale, f"SGLang no longer imports {stale} from sgl_kernel: drop them from STANDIN_OPS"
+
+
+def test_install_refuses_unknown_patches_and_a_second_different_set():
+    with pytest.raises(ValueError, match="only: unknown patch 'pinned'"):
+        cpu_support.install(["pinned"])
+    if cpu_support.cuda_present():
+        pytest.skip("CUDA present: the layer does not install")
+    cpu_support.install()  # as the SGLang harness does in this process
+    cpu_support.install()
+    with pytest.raises(ValueError, match="cannot replace them"):
+        cpu_support.install(["sgl_kernel"])

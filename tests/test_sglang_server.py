@@ -1,0 +1,288 @@
+"""radixtier through SGLang's real server: `sglang.launch_server` processes over their HTTP API.
+
+What users run: the server process, a scheduler process per rank, the detokenizer, the plugin entry
+point in each, SGLang's logging and metrics. The toy model (random weights, a byte-level tokenizer)
+runs on the CPU through radixtier's CPU support layer. Greedy outputs are compared with the same
+server without an L3 backend: output tokens equal, per-token logprobs within LOGPROB_TOL (prefix
+KV loaded from tier 3 holds the same bytes SGLang computed, so in practice they are identical).
+
+Servers are started once per module and shared by the cases that prove the same thing; a server is
+started only while no other is busy (an idle SGLang scheduler spins a core, and these machines have two).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from typing import Dict, Iterator
+
+import pytest
+import requests
+
+from conftest import require_sglang
+
+require_sglang("uvicorn")
+require_sglang("sglang.srt.mem_cache.hicache_storage")
+
+from radixtier.demo import http_load  # noqa: E402
+from radixtier.demo.hf_model import write_model  # noqa: E402
+from radixtier.integrations.sglang.plugin import backend_extra_config  # noqa: E402
+from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
+from radixtier.integrations.sglang.server import SGLangServer, ServerStartError, hicache_args, radixtier_args  # noqa: E402
+from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402
+
+pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
+
+DEVICE = "cuda" if cuda_present() else "cpu"
+LOGPROB_TOL = 0.01
+# 64-token pages; a device pool of 6,144 tokens (about three of the chat's prompts) so SGLang evicts
+# and write_back has something to write; metrics and per-tier cache reports on
+COMMON = ["--page-size", "64", "--max-total-tokens", "6144", "--enable-cache-report", "--enable-metrics",
+          "--log-level", "info"]
+CHAT = http_load.multi_turn_chat(sessions=3, turns=3, system_chars=1500, user_chars=200, reply_chars=100, seed=11)
+FRESH = http_load.multi_turn_chat(sessions=3, turns=2, system_chars=1200, user_chars=300, reply_chars=100, seed=23)
+# one-off prompts of more tokens than the device holds: everything before them is evicted from it
+FILLER = http_load.agent_fleet(agent_types=4, agents_per_type=1, steps=1, system_chars=2000, task_chars=100,
+                               observation_chars=0, seed=31)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("sglang-server")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_model(str(tmp_path_factory.getbasetemp() / "toy-llama"))
+
+
+@contextlib.contextmanager
+def explained(*servers: SGLangServer) -> Iterator[None]:
+    """An assertion that fails carries the servers' log tails."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + "\n".join(s.log_tail(40) for s in servers)) from None
+
+
+def server(model, workdir, name: str, args, **kw) -> SGLangServer:
+    return SGLangServer(model, COMMON + list(args), log_path=str(workdir / f"{name}.log"), device=DEVICE, **kw)
+
+
+def passes(s: SGLangServer, workload) -> Dict[str, http_load.Run]:
+    """The workload cold, then again after /flush_cache (device and host emptied; tier 3 kept)."""
+    cold = http_load.replay(s.url, workload)
+    s.flush_cache()
+    return {"cold": cold, "flushed": http_load.replay(s.url, workload)}
+
+
+def storage_tokens(run: http_load.Run) -> int:
+    return sum(r.cached.get("storage", 0) for r in run.replies)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (over label sets) whose labels include `labels` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def wait_for_backups(s: SGLangServer, at_least: float = 1, timeout_s: float = 60) -> float:
+    """Pages tier 3 holds, once SGLang's backup thread has written at least `at_least` and the count
+    held still over two seconds; fails the test after timeout_s."""
+    deadline, seen = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        seen.append(metric(s.metrics(), "radixtier:storage_used_pages"))
+        if seen[-1] >= at_least and len(seen) >= 5 and len(set(seen[-5:])) == 1:
+            return seen[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"tier 3 did not settle at >= {at_least} pages within {timeout_s} s: {seen[-10:]}")
+
+
+@pytest.fixture(scope="module")
+def reference(model, workdir):
+    """The same server without an L3 backend (L1 + L2 only): every prompt after a flush is recomputed."""
+    with server(model, workdir, "reference", hicache_args(extra_config=None, backend="", device=DEVICE)) as ref:
+        out = passes(ref, CHAT)
+        out["fresh"] = http_load.replay(ref.url, FRESH)
+    return out
+
+
+def same_outputs(reference_run: http_load.Run, run: http_load.Run) -> None:
+    bad = http_load.compare(reference_run, run, LOGPROB_TOL)
+    assert not bad, "outputs differ from the server without L3:\n" + "\n".join(bad[:10])
+
+
+# ---------------------------------------------------------------- (e) a bad extra_config fails the launch
+@pytest.mark.parametrize("bad, message", [
+    ({"redis_ulr": "redis://127.0.0.1:1/0"}, "extra_config: unknown key 'redis_ulr'; did you mean 'redis_url'?"),
+    ({"queue_depth": 0}, "queue_depth: expected"),
+])
+def test_bad_extra_config_fails_the_launch_in_seconds_and_creates_nothing(model, workdir, bad, message):
+    ns = workdir / f"bad-{next(iter(bad))}" / "ns.img"
+    extra = backend_extra_config(path=str(ns), capacity="64MiB", **bad)
+    s = server(model, workdir, f"bad-{next(iter(bad))}", hicache_args(extra_config=extra, device=DEVICE))
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError) as err:
+        s.start()
+    took = time.monotonic() - t0
+    assert message in str(err.value)
+    assert took < 60, f"the launch took {took:.0f} s to fail"  # SGLang's own imports are most of it
+    assert not ns.exists() and not ns.parent.exists()
+
+
+# ---------------------------------------------------------------- (a) (d) (f) one node, the embedded default
+class TestOneNode:
+    """One server, shared by its cases and stopped after the last (an idle scheduler spins a core)."""
+
+    @pytest.fixture(scope="class")
+    def node_a(self, model, workdir, reference):
+        ns = str(workdir / "a" / "ns.img")
+        s = server(model, workdir, "node-a", radixtier_args(ns, device=DEVICE))
+        s.start()
+        yield s, ns
+        s.stop()
+
+    def test_chat_after_flush_and_restart_comes_from_tier3_with_the_same_outputs(self, node_a, reference):
+        s, ns = node_a
+        with explained(s):
+            runs = passes(s, CHAT)
+            same_outputs(reference["cold"], runs["cold"])
+            assert storage_tokens(runs["cold"]) == 0
+            assert [r.prompt_tokens for r in runs["cold"].replies] == \
+                [http_load.prompt_tokens(t) for c in CHAT for t in c.turns]  # the toy's token count is exact
+            first = runs["flushed"].replies[0]
+            assert first.cached.get("storage", 0) >= 1024, f"first turn after the flush: {first.cached}"
+            same_outputs(reference["flushed"], runs["flushed"])
+            wait_for_backups(s)
+            s.restart()  # same namespace: what tier 3 holds survives the process
+            after = http_load.replay(s.url, CHAT)
+            assert after.replies[0].cached.get("storage", 0) >= 1024, f"first turn after restart: {after.replies[0].cached}"
+            same_outputs(reference["flushed"], after)
+
+    def test_radixtier_metrics_move_on_sglangs_metrics_endpoint(self, node_a):
+        s, _ns = node_a
+        with explained(s):
+            http_load.replay(s.url, CHAT[:1])  # in tier 3 from here on, whichever case ran before
+            wait_for_backups(s)
+            before = s.metrics()
+            assert metric(before, "radixtier:storage_capacity_pages") > 0
+            written = metric(before, "radixtier:storage_written_pages_total")
+            read = metric(before, "radixtier:storage_read_pages_total")
+            s.flush_cache()
+            http_load.replay(s.url, CHAT[:1])
+            http_load.replay(s.url, FRESH[:1])
+            wait_for_backups(s)
+            after = s.metrics()
+            assert metric(after, "radixtier:storage_read_pages_total") > read
+            assert metric(after, "radixtier:storage_written_pages_total") > written
+            assert metric(after, "radixtier:storage_read_seconds_count") > 0
+            assert re.search(r"^sglang:", after, re.M)  # SGLang's own metrics are on the same page
+
+    def test_kill_9_during_backups_then_restart_verifies_and_serves(self, node_a, reference):
+        s, ns = node_a
+        with explained(s):
+            http_load.replay(s.url, CHAT[:1])  # in tier 3 before the crash, whichever case ran before
+            wait_for_backups(s)
+            s.flush_cache()
+            seen = []
+
+            def kill_after_two(reply):
+                seen.append(reply)
+                if len(seen) == 2:
+                    s.kill()  # the write-through backups of the replies so far are in flight or just done
+
+            with pytest.raises((requests.RequestException, RuntimeError)):
+                http_load.replay(s.url, FRESH, concurrency=3, on_reply=kill_after_two)
+            report = inspect_namespace(ns, verify=True)
+            assert report["verified"] and report["errors"] == [], report["errors"][:5]
+            s.start()
+            again = http_load.replay(s.url, CHAT[:1])
+            assert again.replies[0].cached.get("storage", 0) >= 1024, "tier-3 hits did not resume after the crash"
+            same_outputs(reference["flushed"], again)
+            fresh = http_load.replay(s.url, FRESH)
+            same_outputs(reference["fresh"], fresh)
+
+
+# ---------------------------------------------------------------- (b) the other host layout and write policy
+def test_layer_first_write_back_serves_from_tier3_with_the_same_outputs(model, workdir, reference):
+    """write_back copies KV down only when a tier evicts it: FILLER after CHAT evicts all of CHAT."""
+    ns = str(workdir / "lf" / "ns.img")
+    args = radixtier_args(ns, layout="layer_first", write_policy="write_back", device=DEVICE)
+    with server(model, workdir, "layer-first", args) as s, explained(s):
+        cold = http_load.replay(s.url, CHAT)
+        same_outputs(reference["cold"], cold)
+        http_load.replay(s.url, FILLER)
+        s.flush_cache()
+        flushed = http_load.replay(s.url, CHAT)
+        assert storage_tokens(flushed) > 0
+        same_outputs(reference["flushed"], flushed)
+
+
+# ---------------------------------------------------------------- (c) two nodes, one namespace, Redis
+def test_a_conversation_begun_on_one_node_continues_on_another_from_its_pages(model, workdir, reference, redis_server):
+    ns = str(workdir / "shared" / "ns.img")
+    common = dict(redis_url=redis_server.url, device=DEVICE)
+    a = server(model, workdir, "pair-a", radixtier_args(ns, node_id="node-a", partition=0, **common))
+    b = server(model, workdir, "pair-b", radixtier_args(ns, node_id="node-b", partition=1, **common))
+    # both alive: the index trusts only live nodes' records (a stopped node's partition may be taken over)
+    with a, b, explained(a, b):
+        begun = http_load.Conversation("chat-0", CHAT[0].turns[:2])
+        first = http_load.replay(a.url, [begun])
+        wait_for_backups(a, at_least=20)
+        # the user's third turn reaches B: its prompt is the first two turns and more
+        cont = http_load.replay(b.url, [http_load.Conversation("chat-0", CHAT[0].turns[2:], first_turn=2)])
+        reply = cont.replies[0]
+        assert reply.cached.get("storage", 0) >= 1024, f"B's cached tokens for the third turn: {reply.cached}"
+        assert metric(b.metrics(), "radixtier:remote_pages_read_total", node="node-b") >= 16
+        same_outputs(reference["cold"], cont)
+        assert http_load.compare(reference["cold"], first, LOGPROB_TOL) == []
+
+
+# ---------------------------------------------------------------- (g) tensor parallel: a partition per rank
+def test_tp2_ranks_write_their_own_partitions_and_serve_from_them(model, workdir):
+    if DEVICE == "cuda":
+        pytest.skip("TP=2 needs two GPUs; on the CPU each rank gets a core")
+    ns = str(workdir / "tp2" / "ns.img")
+    s = server(model, workdir, "tp2", ["--tp-size", "2"] + radixtier_args(ns, device=DEVICE),
+               env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    with s, explained(s):
+        runs = passes(s, CHAT[:2])
+        assert storage_tokens(runs["flushed"]) > 0
+        # TP=2 sums its all-reduce in another order than TP=1: compared with its own cold pass
+        same_outputs(runs["cold"], runs["flushed"])
+        used = {p["partition"]: p["used"] for p in inspect_namespace(ns)["partitions"]}
+        assert used[0] > 0 and used[1] > 0 and used[0] == used[1], used
+        owners = json.dumps(inspect_namespace(ns)["partitions"][:2])
+        assert "node-a.r0" in owners and "node-a.r1" in owners
+
+
+# ---------------------------------------------------------------- the README's first command
+def test_the_demo_runs_sglangs_server_and_reports_tier3_reuse(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out, png = tmp_path / "demo.json", tmp_path / "demo.png"
+    demo = subprocess.Popen([sys.executable, "-m", "radixtier", "demo", "--quick", "--json", str(out), "--png",
+                             str(png), "--device", DEVICE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = demo.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGTERM)  # the demo stops its servers (their own process groups) on SIGTERM
+        stdout, stderr = demo.communicate(timeout=60)
+        pytest.fail(f"the demo ran past 900 s\n{stdout[-3000:]}{stderr[-3000:]}")
+    assert demo.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "after restart: radixtier TTFT p50" in stdout and "greedy answers identical" in stdout
+    assert png.stat().st_size > 10_000
+    report = json.loads(out.read_text())
+    assert report["all_identical"]
+    for phases in report["workloads"].values():
+        assert phases["first visit"]["radixtier"]["storage_tokens"] == 0
+        for phase in ("after flush", "after restart"):
+            assert phases[phase]["radixtier"]["storage_share"] > 0.3, phases[phase]["radixtier"]
+            assert phases[phase]["recompute"]["storage_tokens"] == 0
