@@ -48,6 +48,14 @@ def test_the_sglang_backend_does_not_load_the_embedded_cache_or_tree():
     assert not {m for m in mods if m.startswith(("radixtier.cache", "radixtier.tree", "radixtier.transfer",
                                                  "radixtier.pools", "radixtier.demo"))}
     assert "radixtier.storage.publisher" in mods  # the same storage layer the embedded cache uses
+    # the tools that run SGLang here (the CPU support layer, the server launcher) are not the backend's
+    assert not {"radixtier.integrations.sglang.cpu_support", "radixtier.integrations.sglang.server"} & mods
+
+
+def test_the_plugin_entry_point_loads_nothing_heavy():
+    """SGLang loads plugins in every process before anything else: the entry point must stay light."""
+    mods = loaded_after("import radixtier.integrations.sglang.plugin")
+    assert not {"torch", "sglang", "radixtier.integrations.sglang.backend"} & mods
 
 
 def test_both_paths_publish_through_one_publisher():

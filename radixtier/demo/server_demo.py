@@ -71,8 +71,8 @@ def _workloads(quick: bool) -> Dict[str, Dict[str, List[http_load.Conversation]]
 
 
 def _prepare_namespace(path: str, force: bool) -> None:
-    """Refuse to replace a namespace that holds pages unless forced; a forced one is removed (file) or
-    reformatted by the server (capacity is only used for a missing file)."""
+    """An empty namespace is used as it is; one that holds pages (or is not a radixtier namespace) is
+    replaced only with --force, and only when it is a file (the demo creates its namespace as one)."""
     if not os.path.exists(path):
         return
     from radixtier.storage.nvmeof.inspect import inspect_namespace
@@ -81,8 +81,10 @@ def _prepare_namespace(path: str, force: bool) -> None:
         used = inspect_namespace(path)["used"]
     except (OSError, ValueError):
         used = None
-    if (used or used is None) and not force:
-        what = f"holds {used} pages" if used else "is not an empty radixtier namespace"
+    if used == 0:
+        return
+    if not force:
+        what = f"holds {used} pages" if used else "is not a radixtier namespace"
         raise ValueError(f"--namespace: {path} {what}; pass --force to let the demo replace it, or leave "
                          f"--namespace out to use a temporary file")
     if not os.path.isfile(path):
