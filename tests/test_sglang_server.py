@@ -136,16 +136,18 @@ def test_bad_extra_config_fails_the_launch_in_seconds_and_creates_nothing(model,
 
 
 # ---------------------------------------------------------------- (a) (d) (f) one node, the embedded default
-class TestOneNode:
-    """One server, shared by its cases and stopped after the last (an idle scheduler spins a core)."""
+@pytest.fixture(scope="class")
+def node_a(model, workdir, reference):
+    """One server for TestOneNode's cases, stopped after the last (an idle scheduler spins a core)."""
+    ns = str(workdir / "a" / "ns.img")
+    s = server(model, workdir, "node-a", radixtier_args(ns, device=DEVICE))
+    s.start()
+    yield s, ns
+    s.stop()
 
-    @pytest.fixture(scope="class")
-    def node_a(self, model, workdir, reference):
-        ns = str(workdir / "a" / "ns.img")
-        s = server(model, workdir, "node-a", radixtier_args(ns, device=DEVICE))
-        s.start()
-        yield s, ns
-        s.stop()
+
+class TestOneNode:
+    """Cases that share one radixtier server on the embedded default (each stores what it reads)."""
 
     def test_chat_after_flush_and_restart_comes_from_tier3_with_the_same_outputs(self, node_a, reference):
         s, ns = node_a
