@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -114,7 +115,9 @@ def test_every_standin_op_is_still_imported_by_sglang():
     imported = set()
     for f in pathlib.Path(sglang.__file__).parent.rglob("*.py"):
         try:
-            tree = ast.parse(f.read_text(errors="replace"))
+            with warnings.catch_warnings():  # SGLang's own sources: their invalid escapes are not ours to report
+                warnings.simplefilter("ignore")
+                tree = ast.parse(f.read_text(errors="replace"))
         except SyntaxError:
             continue
         imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "sgl_kernel"
