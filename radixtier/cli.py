@@ -71,11 +71,27 @@ def _index_config(a: argparse.Namespace):
     url = a.url or os.environ.get("RADIXTIER_REDIS_URL")
     if not url:
         raise ValueError("redis_url: give --url redis://host:port/db (or set RADIXTIER_REDIS_URL)")
+    timeout = _timeout(a.timeout)
     return RedisIndexConfig(url=url, node_id="radixtier-admin", namespace=a.namespace, key_prefix=a.key_prefix,
                             username=a.username, password=a.password or os.environ.get("RADIXTIER_REDIS_PASSWORD"),
                             cluster=a.cluster, ssl_ca_certs=a.ssl_ca_certs, ssl_certfile=a.ssl_certfile,
-                            ssl_keyfile=a.ssl_keyfile, ssl_cert_reqs=a.ssl_cert_reqs, lookup_timeout_s=a.timeout,
-                            connect_timeout_s=a.timeout, write_timeout_s=max(5.0, a.timeout))
+                            ssl_keyfile=a.ssl_keyfile, ssl_cert_reqs=a.ssl_cert_reqs, lookup_timeout_s=timeout,
+                            connect_timeout_s=timeout, write_timeout_s=max(5.0, timeout))
+
+
+_MAX_TIMEOUT_S = 600.0  # an operator's tool waiting longer on one reply is a typo, not a slow Redis
+
+
+def _timeout(text: str) -> float:
+    """--timeout as seconds in (0, 600]; its text is parsed here so that every bad value ('soon', nan,
+    1e308, which overflowed the socket timeout with a traceback) is one line naming the option."""
+    try:
+        seconds = float(text)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0 < seconds <= _MAX_TIMEOUT_S:  # false for nan too
+        raise ValueError(f"--timeout: expected a positive number of seconds up to {_MAX_TIMEOUT_S:g}, got {text!r}")
+    return seconds
 
 
 def _human_bytes(n) -> str:
@@ -103,8 +119,10 @@ def _cmd_index(a: argparse.Namespace) -> int:
         index.ensure_reachable()
         if a.action == "gc":
             removed = index.collect_all_garbage()
-            out = {"removed_pages": removed}
+            out = {"removed_pages": removed, "repaired": index.registry_problems()}  # bad registry data met
             print(json.dumps(out) if a.json else f"removed the records of {removed} page(s) of dead nodes")
+            if not a.json:
+                _print_problems("repaired", out["repaired"])
             return 0
         with tqdm(desc="nodes", unit="node", file=sys.stderr, delay=1.0, disable=a.json) as bar:
             rep = index.fleet_status(check=a.check, progress=bar.update)
@@ -124,7 +142,16 @@ def _cmd_index(a: argparse.Namespace) -> int:
         print(line + (f"  {r['rejected_entries']:8d}" if a.check else ""))
     if rep["dead"]:
         print("  dead nodes' records are ignored by lookups; `radixtier index gc` removes them now")
+    _print_problems("problems", rep["problems"])
     return 0
+
+
+def _print_problems(title: str, problems: List[str]) -> None:
+    """Bad registry data the index met (each on its own line): reported, never a reason to stop."""
+    if problems:
+        print(f"  {title} in the registry data:")
+        for p in problems:
+            print(f"    {p}")
 
 
 def _add_index_arguments(p: argparse.ArgumentParser) -> None:
@@ -139,16 +166,17 @@ def _add_index_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ssl-certfile", default=None, help="client certificate for rediss://")
     g.add_argument("--ssl-keyfile", default=None, help="client key for rediss://")
     g.add_argument("--ssl-cert-reqs", default="required", help="required, optional or none (rediss:// only)")
-    g.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for Redis (default 2)")
+    g.add_argument("--timeout", default="2", help="seconds to wait for Redis (default 2, at most 600)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
     from radixtier import plan
 
-    geom = plan.geometry_from_args(a)
-    plan.inputs_from_args(a).check()  # bad flags fail before any measurement
-    tier = None
+    geom = plan.geometry_from_args(a)  # every number (flags, --config) checked before any measurement
+    inputs = plan.inputs_from_args(a)
+    if a.png:
+        plan.check_output_path("--png", a.png)
     if a.measure:
         from tqdm import tqdm
 
@@ -156,10 +184,11 @@ def _cmd_plan(a: argparse.Namespace) -> int:
             tier = plan.measure_read_gbps(a.measure, progress=bar.update)
         if not a.json:
             print(f"measured: {tier:.2f} GB/s verified reads on {a.measure} (used as --tier-gbps)")
-    p = plan.predict(geom, plan.inputs_from_args(a, tier))
+        inputs = plan.inputs_from_args(a, tier)
+    p = plan.predict(geom, inputs)
     p["verdict"] = plan.verdict(p)
     if a.png:
-        plan.plot(geom, plan.inputs_from_args(a, tier), a.png)
+        plan.plot(geom, inputs, a.png)  # raises (one line naming --png) unless every byte was written
     if a.json:
         print(json.dumps(p, indent=2))
     else:
@@ -231,25 +260,27 @@ def build_parser(command: Optional[str] = None, embedded: bool = False) -> argpa
                                     "reloading it from tiered NVMe-oF, for your model and workload.",
                         epilog="example: radixtier plan --config Llama-3.1-70B/config.json --prefill-tps 20000 "
                                "--context 32768 --hit-rate 0.9 --concurrency 16 --measure /mnt/nvmeof")
+    # plan's numbers have no argparse type: plan.check_value reads the text, so a bad one is one line naming the
+    # option and its range (argparse would print its usage too, and accepts nan, inf and 400-digit ints)
     m = pl.add_argument_group("model KV geometry (a Hugging Face config.json, or the numbers)")
     m.add_argument("--config", default=None, help="the model's config.json (GQA/MHA or DeepSeek-style MLA)")
-    m.add_argument("--layers", type=int, default=None, help="transformer layers")
-    m.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA/MHA)")
-    m.add_argument("--head-dim", type=int, default=None, help="head dimension (GQA/MHA)")
-    m.add_argument("--mla-dim", type=int, default=None, help="kv_lora_rank + qk_rope_head_dim (MLA)")
-    m.add_argument("--dtype-bytes", type=int, default=2, help="bytes per KV element (2 for bf16)")
+    m.add_argument("--layers", default=None, help="transformer layers")
+    m.add_argument("--kv-heads", default=None, help="KV heads (GQA/MHA)")
+    m.add_argument("--head-dim", default=None, help="head dimension (GQA/MHA)")
+    m.add_argument("--mla-dim", default=None, help="kv_lora_rank + qk_rope_head_dim (MLA)")
+    m.add_argument("--dtype-bytes", default=2, help="bytes per KV element (2 for bf16)")
     w = pl.add_argument_group("workload")
-    w.add_argument("--context", type=int, default=32768, help="prompt tokens per request")
-    w.add_argument("--hit-rate", type=float, default=0.9, help="share of the prompt that is a cached prefix (0..1)")
-    w.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    w.add_argument("--context", default=32768, help="prompt tokens per request")
+    w.add_argument("--hit-rate", default=0.9, help="share of the prompt that is a cached prefix (0..1)")
+    w.add_argument("--concurrency", default=8, help="requests in flight at once")
     h = pl.add_argument_group("hardware")
-    h.add_argument("--prefill-tps", type=float, default=20000.0, help="prefill tokens per second of the GPUs")
-    h.add_argument("--prefill-overhead-s", type=float, default=0.0, help="fixed seconds per prefill")
-    h.add_argument("--prefix-cost-us-per-token", type=float, default=0.0,
+    h.add_argument("--prefill-tps", default=20000.0, help="prefill tokens per second of the GPUs")
+    h.add_argument("--prefill-overhead-s", default=0.0, help="fixed seconds per prefill")
+    h.add_argument("--prefix-cost-us-per-token", default=0.0,
                    help="microseconds per reused prefix token in the prefill that reuses it (KV in, attention)")
-    h.add_argument("--local-gbps", type=float, default=3.0, help="local NVMe read GB/s")
-    h.add_argument("--tier-gbps", type=float, default=5.0, help="NVMe-oF target read GB/s")
-    h.add_argument("--net-gbps", type=float, default=12.5, help="network GB/s between GPU nodes and the target")
+    h.add_argument("--local-gbps", default=3.0, help="local NVMe read GB/s")
+    h.add_argument("--tier-gbps", default=5.0, help="NVMe-oF target read GB/s")
+    h.add_argument("--net-gbps", default=12.5, help="network GB/s between GPU nodes and the target")
     h.add_argument("--measure", default=None, metavar="PATH",
                    help="measure --tier-gbps with the store's own reads on a temporary namespace in PATH")
     pl.add_argument("--png", default=None, help="also plot TTFT vs context length for the three paths")

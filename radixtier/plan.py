@@ -16,19 +16,84 @@ The model (every assumption is a line below):
 - `concurrency` requests are in flight at once (closed loop): a request waits for the ones
   ahead, so TTFT = (concurrency - 1) x max(compute, load) + compute + load (the pipeline fill).
 - Recompute computes the whole context; the other paths compute only the uncached suffix.
+Inputs are checked against the Ranges below (zero, negative, NaN, inf and absurdly large values are
+one-line errors naming the option or field and the value).
 What it leaves out: decode steps interleaved with prefill, KV transfer host -> GPU (PCIe is
 faster than any of the storage paths above), attention's quadratic term at very long contexts.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 PATHS = ("recompute", "local_nvme", "tiered_nvmeof")
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Range:
+    """What one numeric input may be. The bounds are wide (far past any real model or machine) but
+    finite on purpose: with every input inside them, even at the corners, each TTFT, throughput
+    and ratio the model computes is a finite float > 0, so no input can produce a traceback
+    (int-to-float overflow, division by zero) or a verdict built on inf or NaN. (The break-even
+    bandwidth alone is inf by design, where reusing a token costs more than computing it.)"""
+
+    low: float
+    high: float
+    whole: bool = False
+
+    def describe(self) -> str:
+        if self.whole:
+            return f"a whole number from {self.low} to {self.high}"
+        return f"a number from {self.low:g} to {self.high:g}"
+
+
+COUNT = Range(1, 2**31 - 1, whole=True)  # layers, heads, dimensions, tokens, requests
+ELEMENT_BYTES = Range(1, 8, whole=True)  # fp8 .. fp64
+SHARE = Range(0.0, 1.0)
+RATE = Range(1e-6, 1e9)  # tokens/s or GB/s
+SECONDS = Range(0.0, 1e6)
+SECONDS_PER_TOKEN = Range(0.0, 1e3)
+MICROSECONDS = Range(0.0, 1e9)
+
+# `radixtier plan`'s numeric options: option -> (argparse attribute, range)
+GEOMETRY_OPTIONS: Dict[str, Tuple[str, Range]] = {
+    "--layers": ("layers", COUNT), "--kv-heads": ("kv_heads", COUNT), "--head-dim": ("head_dim", COUNT),
+    "--mla-dim": ("mla_dim", COUNT), "--dtype-bytes": ("dtype_bytes", ELEMENT_BYTES)}
+INPUT_OPTIONS: Dict[str, Tuple[str, Range]] = {
+    "--context": ("context", COUNT), "--hit-rate": ("hit_rate", SHARE), "--concurrency": ("concurrency", COUNT),
+    "--prefill-tps": ("prefill_tps", RATE), "--prefill-overhead-s": ("prefill_overhead_s", SECONDS),
+    "--prefix-cost-us-per-token": ("prefix_cost_us_per_token", MICROSECONDS), "--local-gbps": ("local_gbps", RATE),
+    "--tier-gbps": ("tier_gbps", RATE), "--net-gbps": ("net_gbps", RATE)}
+
+
+def _shown(value: Any, show: Callable[[Any], str] = repr) -> str:
+    """`value` as an error message shows it: a 400-digit number is abbreviated, not echoed whole."""
+    text = show(value)
+    length = len(value) if isinstance(value, str) else len(text)
+    return text if len(text) <= 40 else f"{text[:24]}... ({length} characters)"
+
+
+def check_value(name: str, value: Any, rng: Range, show: Callable[[Any], str] = repr,
+                text: bool = True) -> Union[int, float]:
+    """`value` (a number, or with `text` the text of one as typed on the command line) inside `rng`,
+    or a one-line ValueError naming `name` and the value. A bool, a fraction where a whole number
+    belongs, inf and NaN are refused; a whole number's text is parsed as an int, never via float."""
+    number: Any = value
+    if text and isinstance(value, str):
+        try:
+            number = int(value.strip()) if rng.whole else float(value)
+        except ValueError:
+            number = None
+    ok = (not isinstance(number, bool) and isinstance(number, int if rng.whole else (int, float))
+          and rng.low <= number <= rng.high)
+    if not ok:
+        raise ValueError(f"{name}: expected {rng.describe()}, got {_shown(value, show)}")
+    return number if rng.whole else float(number)
 
 
 @dataclass
@@ -52,23 +117,56 @@ class KVGeometry:
 
     @staticmethod
     def from_hf_config(path: str) -> "KVGeometry":
-        """From a Hugging Face config.json (Llama/Qwen/Mistral-style GQA, or DeepSeek-style MLA)."""
-        with open(path) as f:
-            c = json.load(f)
-        c = c.get("text_config", c)  # multimodal configs nest the language model's
+        """From a Hugging Face config.json (Llama/Qwen/Mistral-style GQA, or DeepSeek-style MLA); a
+        field with an impossible value is a one-line error naming the file, the field and the value."""
+        c = _read_config(path)
         try:
-            layers = int(c["num_hidden_layers"])
-            dtype = DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2)
-            if c.get("kv_lora_rank"):
-                return KVGeometry(layers, dtype_bytes=dtype,
-                                  mla_dim=int(c["kv_lora_rank"]) + int(c.get("qk_rope_head_dim", 64)))
-            heads = int(c["num_attention_heads"])
-            kv_heads = int(c.get("num_key_value_heads") or heads)
-            head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-        except (KeyError, TypeError, ValueError) as exc:
+            return _geometry_from_config(c, f"config: {path}")
+        except KeyError as exc:
             raise ValueError(f"config: {path} lacks a field the KV size needs ({exc}); give --layers, "
                              f"--kv-heads and --head-dim instead") from None
-        return KVGeometry(layers, kv_heads, head_dim, dtype)
+
+
+def _read_config(path: str) -> Dict[str, Any]:
+    """The config's JSON object (a multimodal config's `text_config`, the language model's), or a
+    one-line ValueError: an unreadable file, text that is not JSON, or JSON that is not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            c = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"config: cannot read {path} ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"config: {path} is not a JSON file ({str(exc).splitlines()[0][:120]})") from None
+    if not isinstance(c, dict):
+        raise ValueError(f"config: {path}: expected a JSON object, got {type(c).__name__}")
+    if "text_config" in c:
+        c = c["text_config"]
+        if not isinstance(c, dict):
+            raise ValueError(f"config: {path}: text_config: expected a JSON object, got {_shown(c, json.dumps)}")
+    return c
+
+
+def _config_count(c: Dict[str, Any], field: str, where: str) -> int:
+    """A whole-number field of a config (KeyError if absent), its value shown as JSON spells it."""
+    return int(check_value(f"{where}: {field}", c[field], COUNT, show=json.dumps, text=False))
+
+
+def _geometry_from_config(c: Dict[str, Any], where: str) -> KVGeometry:
+    """The KV geometry a config describes; absent optional fields (null or missing) take HF's defaults."""
+    layers = _config_count(c, "num_hidden_layers", where)
+    dtype = DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")), 2)
+    if c.get("kv_lora_rank"):  # absent, null or 0: not an MLA model
+        rope = 64 if c.get("qk_rope_head_dim") is None else _config_count(c, "qk_rope_head_dim", where)
+        return KVGeometry(layers, dtype_bytes=dtype, mla_dim=_config_count(c, "kv_lora_rank", where) + rope)
+    heads = _config_count(c, "num_attention_heads", where)
+    kv_heads = heads if c.get("num_key_value_heads") is None else _config_count(c, "num_key_value_heads", where)
+    if c.get("head_dim") is not None:
+        return KVGeometry(layers, kv_heads, _config_count(c, "head_dim", where), dtype)
+    hidden = _config_count(c, "hidden_size", where)
+    if hidden < heads:
+        raise ValueError(f"{where}: hidden_size: expected at least num_attention_heads ({heads}) so each head "
+                         f"has a dimension, got {hidden}")
+    return KVGeometry(layers, kv_heads, hidden // heads, dtype)
 
 
 @dataclass
@@ -84,18 +182,15 @@ class Inputs:
     net_gbps: float = 12.5  # network GB/s (100 Gb/s)
 
     def check(self) -> None:
-        for name in ("context_tokens", "concurrency"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name.replace('_', '-')}: expected a whole number >= 1, got {v!r}")
-        if not 0.0 <= self.hit_rate <= 1.0:
-            raise ValueError(f"hit-rate: expected 0..1, got {self.hit_rate!r}")
-        for name in ("prefill_tps", "local_gbps", "tier_gbps", "net_gbps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name.replace('_', '-')}: expected a positive number, got {getattr(self, name)!r}")
-        for name in ("prefill_overhead_s", "prefix_cost_s_per_token"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name.replace('_', '-')}: expected >= 0, got {getattr(self, name)!r}")
+        """Every field inside its Range (one-line ValueError naming the field and the value)."""
+        for name, rng in _INPUT_RANGES.items():
+            check_value(name, getattr(self, name), rng)
+
+
+_INPUT_RANGES: Dict[str, Range] = {
+    "context_tokens": COUNT, "hit_rate": SHARE, "concurrency": COUNT, "prefill_tps": RATE,
+    "prefill_overhead_s": SECONDS, "prefix_cost_s_per_token": SECONDS_PER_TOKEN, "local_gbps": RATE,
+    "tier_gbps": RATE, "net_gbps": RATE}
 
 
 def request_ttft(new_tokens: float, load_s: float, inp: Inputs, cached_tokens: float = 0.0) -> Dict[str, float]:
@@ -194,7 +289,14 @@ def measure_read_gbps(path: str, total_bytes: int = 256 << 20, page_bytes: int =
 
 
 def plot(geom: KVGeometry, inp: Inputs, png: str) -> None:
-    """TTFT of each path against context length, the other inputs fixed."""
+    """TTFT of each path against context length, the other inputs fixed, written to `png`: drawn in
+    memory first, then written by write_file, so a plot that cannot be written is an error naming
+    --png rather than "plot written" (matplotlib's savefig did not report /dev/full)."""
+    write_file("--png", png, render_plot(geom, inp))
+
+
+def render_plot(geom: KVGeometry, inp: Inputs) -> bytes:
+    """The plot as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,7 +317,43 @@ def plot(geom: KVGeometry, inp: Inputs, png: str) -> None:
                  f"concurrency {inp.concurrency}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def check_output_path(option: str, path: str) -> None:
+    """Refuse an output path whose folder does not exist (or that is a folder) before anything slow
+    (--measure takes a while) runs; the write itself is checked by write_file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option}: cannot write {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{option}: cannot write {path}: it is a folder")
+
+
+def write_file(option: str, path: str, data: bytes) -> None:
+    """Write all of `data` to `path` and close it, or raise a one-line ValueError naming `option` and
+    `path`: a write that fails or comes up short (a full disk, /dev/full, a file-size limit) is never
+    reported as written, and a regular file left holding part of it is removed (a device is not)."""
+    import stat
+
+    try:
+        with open(path, "wb", buffering=0) as f:
+            view = memoryview(data)
+            while view:
+                n = f.write(view)
+                if not n:
+                    raise OSError(f"the write stopped after {len(data) - len(view)} of {len(data)} bytes")
+                view = view[n:]
+    except OSError as exc:
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+        except OSError:
+            pass
+        raise ValueError(f"{option}: cannot write {path} ({exc.strerror or exc})") from None
 
 
 def format_report(p: Dict[str, object]) -> str:
@@ -234,16 +372,33 @@ def format_report(p: Dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def _checked_options(a, options: Dict[str, Tuple[str, Range]]) -> Dict[str, Union[int, float, None]]:
+    """attribute -> the option's value checked against its Range (None where not given): the command
+    line's text goes straight to check_value, so its error names the option as typed (--context)."""
+    out: Dict[str, Union[int, float, None]] = {}
+    for option, (attr, rng) in options.items():
+        value = getattr(a, attr)
+        out[attr] = None if value is None else check_value(option, value, rng)
+    return out
+
+
 def geometry_from_args(a) -> KVGeometry:
+    """The geometry from --config, or from the numbers; every number given is checked either way."""
+    g = _checked_options(a, GEOMETRY_OPTIONS)
     if a.config:
         return KVGeometry.from_hf_config(a.config)
-    if not a.layers or not ((a.kv_heads and a.head_dim) or a.mla_dim):
+    if not g["layers"] or not ((g["kv_heads"] and g["head_dim"]) or g["mla_dim"]):
         raise ValueError("config: give --config config.json, or --layers with --kv-heads and --head-dim "
                          "(or --mla-dim for MLA)")
-    return KVGeometry(a.layers, a.kv_heads or 0, a.head_dim or 0, a.dtype_bytes, a.mla_dim or 0)
+    return KVGeometry(int(g["layers"]), int(g["kv_heads"] or 0), int(g["head_dim"] or 0), int(g["dtype_bytes"]),
+                      int(g["mla_dim"] or 0))
 
 
 def inputs_from_args(a, tier_gbps: Optional[float] = None) -> Inputs:
-    return Inputs(a.context, a.hit_rate, a.concurrency, a.prefill_tps, a.prefill_overhead_s,
-                  a.prefix_cost_us_per_token * 1e-6, a.local_gbps,
-                  tier_gbps if tier_gbps is not None else a.tier_gbps, a.net_gbps)
+    """The workload and hardware inputs, each option checked (one line naming it and its value)."""
+    v = _checked_options(a, INPUT_OPTIONS)
+    inp = Inputs(int(v["context"]), v["hit_rate"], int(v["concurrency"]), v["prefill_tps"], v["prefill_overhead_s"],
+                 v["prefix_cost_us_per_token"] * 1e-6, v["local_gbps"],
+                 tier_gbps if tier_gbps is not None else v["tier_gbps"], v["net_gbps"])
+    inp.check()
+    return inp

@@ -49,7 +49,7 @@ fi
 stale() {  # stale SOURCE MODULE_PREFIX
   ! ls "$2"*.so >/dev/null 2>&1 || [ "$1" -nt "$(ls "$2"*.so | head -1)" ]
 }
-if stale radixtier/_slotpool.c radixtier/_slotpool \
+if stale radixtier/_slotpool.c radixtier/_slotpool || stale storage/nvmeof/_fence.c storage/nvmeof/_fence \
    || { [ -f /usr/include/liburing.h ] && stale storage/nvmeof/_uring.c storage/nvmeof/_uring; }; then
   pip install -q --no-build-isolation -e '.[demo]'
 fi

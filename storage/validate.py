@@ -18,10 +18,14 @@ def positive_int(field: str, value: object, maximum: int = _MAX_BYTES) -> int:
     return value
 
 
-def positive_seconds(field: str, value: object) -> float:
-    """`value` as a finite number of seconds > 0, or ValueError naming `field`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{field}: expected a positive, finite number of seconds, got {value!r}")
+def positive_seconds(field: str, value: object, minimum: float = 0.0, maximum: float = math.inf) -> float:
+    """`value` as a finite number of seconds in (minimum, maximum] (> 0), or ValueError naming `field`."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+            or not minimum <= value <= maximum):
+        span = "a positive, finite number of seconds"
+        if minimum > 0 or maximum < math.inf:
+            span = f"a number of seconds from {minimum:g} to {maximum:g}"
+        raise ValueError(f"{field}: expected {span}, got {value!r}")
     return float(value)
 
 
@@ -34,8 +38,9 @@ def node_id(field: str, value: object, max_bytes: int = NODE_ID_MAX_BYTES) -> st
     """A node's id in leases and the index: 1..max_bytes bytes, no braces, colons or whitespace
     (braces are Redis Cluster hash tags and colons separate index key parts)."""
     if (not isinstance(value, str) or not value or len(value.encode()) > max_bytes
-            or any(c in value for c in "{}:") or any(c.isspace() for c in value)):
-        raise ValueError(f"{field}: expected 1-{max_bytes} bytes without braces, colons or spaces, got {value!r}")
+            or any(c in value for c in "{}:") or any(c.isspace() or not c.isprintable() for c in value)):
+        raise ValueError(f"{field}: expected 1-{max_bytes} printable bytes without braces, colons or spaces, "
+                         f"got {value!r}")
     return value
 
 

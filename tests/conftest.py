@@ -11,6 +11,12 @@ import torch
 
 from radixtier.hashing import KVNamespace
 
+# Partition leases wait 2.5 lease I/O bounds when a partition is opened (storage/nvmeof/lease.py); the
+# suite opens namespaces hundreds of times on files in RAM, so it runs with a 50 ms bound instead of
+# the 1 s default (subprocesses, SGLang servers included, inherit it). Tests of the timing itself set
+# their own values.
+os.environ.setdefault("RADIXTIER_LEASE_IO_TIMEOUT_S", "0.05")
+
 
 def page_content(key: bytes, numel: int) -> torch.Tensor:
     """Page bytes derived from the page key, so any read can be checked without a side table."""

@@ -65,7 +65,9 @@ def test_random_flips_never_serve_wrong_bytes(pristine, tmp_path, seed):
             f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
     verify = rng.choice(["auto", "none", "headers", "full"])
     try:
-        s = NvmeofPageStore(path, PAGE, verify=verify, partition=rng.randrange(2), node_id=f"fuzz{seed}")
+        # lease_s 0.4: a flip in a lease block makes it damaged, which is watched for 1.25 leases
+        s = NvmeofPageStore(path, PAGE, verify=verify, partition=rng.randrange(2), node_id=f"fuzz{seed}",
+                            lease_s=0.4)
     except FormatError:
         return  # a damaged superblock is refused at open, with a message that says so
     try:

@@ -70,9 +70,71 @@ def test_status_shows_live_and_dead_nodes_and_gc_removes_the_dead(redis_server, 
     (["--url", "redis://127.0.0.1:1/0"], "redis_url: redis://127.0.0.1:1/0 is not reachable"),
     (["--url", "redis://127.0.0.1:1/0", "--ssl-certfile", "c.pem"], "ssl_certfile: set to 'c.pem'"),
     ([], "redis_url: give --url"),
+    (["--url", "redis://127.0.0.1:1/0", "--timeout", "1e308"], "--timeout: expected"),
+    (["--url", "redis://127.0.0.1:1/0", "--timeout", "nan"], "--timeout: expected"),
+    (["--url", "redis://127.0.0.1:1/0", "--timeout", "0"], "--timeout: expected"),
+    (["--url", "redis://127.0.0.1:1/0", "--timeout", "-1"], "--timeout: expected"),
+    (["--url", "redis://127.0.0.1:1/0", "--timeout", "soon"], "--timeout: expected"),
 ])
 def test_bad_options_get_one_line_errors(args, message, capsys, monkeypatch):
     monkeypatch.delenv("RADIXTIER_REDIS_URL", raising=False)
     assert cli_main(["index", "status"] + args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_url_that_is_not_redis_is_one_line(capsys):
+    from test_index_access import _garbage_server, _http_server
+
+    for port in (_http_server(), _garbage_server(b"\x00\x01garbage\r\n")):
+        url = f"redis://127.0.0.1:{port}/0"
+        for action in ("status", "gc"):
+            assert cli_main(["index", action, "--url", url]) == 2
+            err = capsys.readouterr().err
+            assert f"redis_url: {url} did not answer as Redis" in err and "Traceback" not in err
+            assert len(err.strip().splitlines()) == 1
+
+
+def test_status_and_gc_report_bad_registry_data_and_go_on(redis_server, capsys):
+    """An undecodable node id, a node whose pages hash is a string: reported, the rest listed;
+    gc removes them with the dead nodes' records."""
+    import redis
+
+    a, b = node(redis_server.url, "node-a"), node(redis_server.url, "node-b")
+    publish(a, chains=1, pages=2)
+    publish(b, chains=1, pages=3)
+    b._stop.set()
+    b._worker.join()
+    raw = redis.Redis.from_url(redis_server.url)
+    prefix = "radixtier:ops"
+    raw.sadd(f"{prefix}:{{nodes}}:all", b"\xff\xfe-junk", "node-z")
+    raw.set(f"{prefix}:{{o:node-z}}", "not a hash")
+    time.sleep(1.3)
+    rep = run_json(capsys, "index", "status", "--url", redis_server.url, "--namespace", "ops", "--check")
+    rows = {r["node"]: r for r in rep["nodes"]}
+    assert rows["node-a"]["alive"] and rows["node-a"]["pages"] == 2
+    assert not rows["node-b"]["alive"] and rows["node-b"]["pages"] == 3
+    problems = " | ".join(rep["problems"])
+    assert "not UTF-8" in problems and "node-z" in problems, problems
+    capsys.readouterr()
+    assert cli_main(["index", "status", "--url", redis_server.url, "--namespace", "ops"]) == 0
+    text = capsys.readouterr().out
+    assert "node-a" in text and "not UTF-8" in text
+    out = run_json(capsys, "index", "gc", "--url", redis_server.url, "--namespace", "ops")
+    assert out["removed_pages"] == 3
+    rep = run_json(capsys, "index", "status", "--url", redis_server.url, "--namespace", "ops")
+    assert [r["node"] for r in rep["nodes"]] == ["node-a"] and rep["problems"] == []
+    a.close()
+
+
+def test_status_reports_a_wrong_type_node_set(redis_server, capsys):
+    import redis
+
+    raw = redis.Redis.from_url(redis_server.url)
+    raw.set("radixtier:ops:{nodes}:all", "junk")
+    raw.set("radixtier:ops:{nodes}:beats", "junk")
+    rep = run_json(capsys, "index", "status", "--url", redis_server.url, "--namespace", "ops")
+    problems = " | ".join(rep["problems"])
+    assert "radixtier:ops:{nodes}:all" in problems and "radixtier:ops:{nodes}:beats" in problems, problems
+    out = run_json(capsys, "index", "gc", "--url", redis_server.url, "--namespace", "ops")
+    assert out["removed_pages"] == 0

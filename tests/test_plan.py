@@ -59,12 +59,86 @@ def test_cli_prints_measures_and_plots(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--hit-rate", "1.5", "--layers", "2", "--kv-heads", "1", "--head-dim", "8"], "hit-rate: expected 0..1"),
-    (["--concurrency", "0", "--layers", "2", "--kv-heads", "1", "--head-dim", "8"], "concurrency: expected"),
-    (["--tier-gbps", "0", "--layers", "2", "--kv-heads", "1", "--head-dim", "8"], "tier-gbps: expected a positive"),
+    (["--hit-rate", "1.5", "--layers", "2", "--kv-heads", "1", "--head-dim", "8"],
+     "--hit-rate: expected a number from 0 to 1, got '1.5'"),
+    (["--concurrency", "0", "--layers", "2", "--kv-heads", "1", "--head-dim", "8"],
+     "--concurrency: expected a whole number"),
+    (["--tier-gbps", "0", "--layers", "2", "--kv-heads", "1", "--head-dim", "8"],
+     "--tier-gbps: expected a number from 1e-06"),
     ([], "config: give --config"),
 ])
 def test_bad_options_get_one_line_errors(args, message, capsys):
     assert cli_main(["plan"] + args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("field, value", [
+    ("prefill_overhead_s", float("nan")), ("prefix_cost_s_per_token", float("inf")), ("tier_gbps", float("inf")),
+    ("context_tokens", 10 ** 400), ("concurrency", True), ("hit_rate", float("nan"))])
+def test_the_api_refuses_inputs_the_arithmetic_cannot_survive(field, value):
+    """predict() checks its Inputs itself: NaN, inf and huge numbers never reach the arithmetic."""
+    inp = Inputs(32768, 0.9, 8, prefill_tps=20000.0)
+    setattr(inp, field, value)
+    with pytest.raises(ValueError, match=f"^{field}: expected"):
+        predict(KVGeometry(2, 1, 8), inp)
+
+
+def test_config_fields_are_checked_by_name(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 32, "num_attention_heads": 0, "hidden_size": 4096}))
+    with pytest.raises(ValueError, match=r"^config: .*: num_attention_heads: expected a whole number .* got 0$"):
+        KVGeometry.from_hf_config(str(cfg))
+    cfg.write_text(json.dumps({"text_config": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+                                               "num_key_value_heads": None, "head_dim": None}}))
+    assert KVGeometry.from_hf_config(str(cfg)) == KVGeometry(2, 4, 16, 2)  # null fields take HF's defaults
+
+
+def test_write_file_removes_a_partial_file(tmp_path, monkeypatch):
+    from radixtier import plan
+
+    out = tmp_path / "plot.png"
+    real_open = open
+
+    class Short:
+        """A raw file whose writes stop after 10 bytes (a full disk)."""
+
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, view):
+            n = min(len(view), 10 - self.n)
+            self.n += n
+            return self.f.write(view[:n]) if n else 0
+
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Short(real_open(p, *a, **k)))
+    with pytest.raises(ValueError, match=r"^--png: cannot write .*plot.png \(the write stopped after 10 of 100 "):
+        plan.write_file("--png", str(out), bytes(100))
+    assert not out.exists()
+
+
+def test_every_corner_of_the_ranges_gives_a_finite_prediction():
+    """The Ranges' promise: at their corners (the extremes the CLI lets through) every TTFT,
+    throughput and ratio is a finite float > 0 -- no overflow, no division by zero, no NaN verdict."""
+    import itertools
+    import math
+
+    from radixtier.plan import COUNT, RATE, SECONDS, SECONDS_PER_TOKEN, format_report
+
+    big = COUNT.high
+    for g in (KVGeometry(1, 1, 1, 1), KVGeometry(big, big, big, 8), KVGeometry(big, dtype_bytes=8, mla_dim=big)):
+        for values in itertools.product((1, big), (0.0, 1.0), (1, big), (RATE.low, RATE.high), (0.0, SECONDS.high),
+                                        (0.0, SECONDS_PER_TOKEN.high), (RATE.low, RATE.high), (RATE.low, RATE.high),
+                                        (RATE.low, RATE.high)):
+            p = predict(g, Inputs(*values))
+            format_report(p)
+            ratios = [p["tiered_vs_recompute_ttft"], p["tiered_vs_local_ttft"], p["tiered_vs_local_throughput"]]
+            for r in p["paths"].values():
+                ratios += [r["ttft_s"], r["throughput_rps"]]
+            assert all(math.isfinite(x) and x > 0 for x in ratios), (g, values)

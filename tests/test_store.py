@@ -121,9 +121,9 @@ def test_adjacent_slots_are_coalesced(tmp_path):
     calls = []
     real = s._engine.run
 
-    def spy(ops, on_done=None):
+    def spy(ops, on_done=None, deadline=None):
         calls.append(len(ops))
-        return real(ops, on_done)
+        return real(ops, on_done, deadline)
 
     s._engine.run = spy
     assert all(s.get([key(i) for i in range(8)], [torch.zeros(NUMEL, dtype=torch.int32) for _ in range(8)]))
@@ -242,10 +242,10 @@ def _skip_without(engine: str) -> None:
 def _fail_writes(s: NvmeofPageStore, monkeypatch) -> None:
     """Every data write of `s` fails (EIO), on whichever page path its engine runs."""
     if s._engine.native_pages:
-        monkeypatch.setattr(s._engine, "write_pages", lambda batch, fd, d, sb, u, plan, c, direct:
+        monkeypatch.setattr(s._engine, "write_pages", lambda batch, fd, d, sb, u, plan, c, direct, deadline=None:
                             (b"\x01" * len(plan), [0] * len(plan), bytes(64 * len(plan)), 5))
     else:
-        monkeypatch.setattr(s, "_run_coalesced", lambda write, ops, on_done=None: [False] * len(ops))
+        monkeypatch.setattr(s, "_run_coalesced", lambda write, ops, on_done=None, deadline=None: [False] * len(ops))
 
 
 @pytest.mark.parametrize("engine", ["threads", "io_uring"])

@@ -63,7 +63,7 @@ def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id
                                    io_engine=cfg.io_engine, queue_depth=cfg.queue_depth, direct=cfg.direct,
                                    sync=cfg.sync, eviction=cfg.eviction, verify=cfg.verify,
                                    coalesce_bytes=cfg.coalesce_bytes, lease_s=cfg.lease_s,
-                                   force_takeover=cfg.force_takeover)
+                                   lease_io_timeout_s=cfg.lease_io_timeout_s, force_takeover=cfg.force_takeover)
         except (FormatError, RuntimeError) as exc:
             raise ConfigError(f"path: {exc}") from None
     finally:

@@ -7,26 +7,34 @@ store evicts leaves first along SGLang's hash chains. Pages other nodes wrote in
 namespace are found through the prefix index and read by verified slot location.
 
 Nothing here raises into SGLang's transfer threads: a failure is a miss (logged). A read
-reports a page loaded only after its slot header and checksum proved it. `batch_exists`
-trusts the index for other nodes' pages without reading them (a lookup must stay one round
-trip), so a stale record can be counted there; the read that follows then misses, and SGLang
-recomputes that page, never uses wrong bytes.
+reports a page loaded only after its slot header and checksum proved it. host_indices are
+checked against the registered pool before they become addresses: a slot outside it, or a
+page that is not whole and aligned, fails the whole call (one rate-limited log line) with
+nothing read or written. One exception to "a failure is a miss": `keys` (or `transfers`)
+that are not a list raise ValueError naming the argument, since a per-key result needs a
+length (SGLang always passes lists). `batch_exists` trusts the index for other nodes' pages
+without reading them (a lookup must stay one round trip), so a stale record can be counted
+there; the read that follows then misses, and SGLang recomputes that page, never uses wrong
+bytes.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolHitPolicy, PoolTransfer, PoolTransferResult)
 
 from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
-from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+from radixtier.integrations.sglang.config import BackendConfig, ConfigError, shown_size
 from radixtier.integrations.sglang.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
 from radixtier.storage.api import LocationTuple, PageLocation, PageSegments
 from radixtier.prometheus import MetricsReporter
@@ -36,6 +44,39 @@ log = logging.getLogger("radixtier.sglang")
 
 V1, FLAT = "v1", "flat"
 _HINTS = 65536  # remote page locations remembered between batch_exists and the read that follows
+REFUSAL_LOG_EVERY_S = 30.0  # one log line per call kind and argument in this long, however many calls are refused
+
+
+class ArgumentError(ValueError):
+    """An argument SGLang would never send (host_indices outside the pool, of the wrong type or
+    count): the call fails whole, before any I/O, and is logged through _RefusalLog."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _RefusalLog:
+    """At most one error line per (call, argument) every `every_s` seconds, with the count of the
+    refusals it stood for: a caller stuck on a bad index must not flood the log (each refusal is
+    still counted in radixtier_stats()["errors"])."""
+
+    def __init__(self, every_s: float = REFUSAL_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._last: Dict[Tuple[str, str], Tuple[float, int]] = {}  # -> (time logged, refusals not logged since)
+
+    def refused(self, op: str, pages: int, exc: ArgumentError) -> None:
+        now = time.monotonic()
+        key = (op, exc.field)
+        with self._lock:
+            logged, quiet = self._last.get(key, (None, 0))
+            if logged is not None and now - logged < self.every_s:
+                self._last[key] = (logged, quiet + 1)
+                return
+            self._last[key] = (now, 0)
+        more = f" ({quiet} more refused like it in the last {now - logged:.0f} s)" if quiet else ""
+        log.error("radixtier: %s of %d page(s) refused, nothing read or written: %s%s", op, pages, exc, more)
 
 
 class _BackendCounters:
@@ -92,6 +133,7 @@ class RadixTierStorage(HiCacheStorage):
         self._hints: "OrderedDict[bytes, tuple]" = OrderedDict()
         self._hints_lock = threading.Lock()
         self._stats = _BackendCounters()
+        self._refusals = _RefusalLog()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
         self._warned_no_prefix = False
         self._warned_already_stored = False
@@ -142,11 +184,14 @@ class RadixTierStorage(HiCacheStorage):
                 if too_big:
                     raise ConfigError(f"page_bytes: {need} is smaller than a page of pool {too_big[0].pool!r} "
                                       f"({too_big[0].page_bytes} bytes)")
-                store = open_partition(self.config, need, self.rank.rank_index(), self.node_id)
+                created = not os.path.exists(self.config.path)
+                store = self._open_partition(need)
                 try:
                     self._index = open_index(self.config, store, self.node_id)
                 except BaseException:
                     store.close()
+                    if created and os.path.isfile(self.config.path):  # a failed start leaves nothing behind
+                        os.unlink(self.config.path)
                     raise
                 self._publisher = Publisher(store, self._index)
                 if self.storage_config.enable_storage_metrics:  # SGLang's --enable-metrics
@@ -157,6 +202,17 @@ class RadixTierStorage(HiCacheStorage):
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
         return self._store
+
+    def _open_partition(self, page_bytes: int):
+        """This rank's partition; a capacity under the free space (check_room passed) but past the
+        filesystem's largest file (ext4: 16 TiB) fails creation with EFBIG: said as a capacity error."""
+        try:
+            return open_partition(self.config, page_bytes, self.rank.rank_index(), self.node_id)
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            raise ConfigError(f"capacity: expected a size the filesystem holding {self.config.path} can hold "
+                              f"({exc.strerror}), got {shown_size(self.config.capacity)}") from None
 
     def _register_host_memory(self, store) -> None:
         """The host pools' memory as io_uring fixed buffers, so reads into them skip per-I/O page
@@ -184,11 +240,13 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- v1: zero copy
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        _require_keys(keys)
         return self._guard("batch_get_v1", len(keys), lambda: self._get_pool_pages(
             KV_POOL, self.mem_pool_host, keys, host_indices, self._prefix_keys(extra_info), V1))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        _require_keys(keys)
         return self._guard("batch_set_v1", len(keys), lambda: self._set_pool_pages(
             KV_POOL, self.mem_pool_host, keys, host_indices, self._prefix_keys(extra_info), V1))
 
@@ -199,6 +257,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None):
+        _require_keys(keys)
         if not keys:
             return []
         if target_locations is None or len(target_locations) != len(keys):
@@ -218,6 +277,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
+        _require_keys(keys)
         if not keys:
             return True
         if values is None or len(values) != len(keys):
@@ -237,6 +297,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """Leading run of pages held here or, through the index, by another node in this namespace."""
+        _require_keys(keys)
         if not keys:
             return 0
 
@@ -249,6 +310,8 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- v2: sidecar pools
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        _require_keys(keys)
+
         def run():
             kv_pages = self.batch_exists(keys, extra_info)
             hits: Dict[str, int] = {str(KV_POOL): kv_pages} if kv_pages else {}
@@ -289,9 +352,12 @@ class RadixTierStorage(HiCacheStorage):
     def _each_pool(self, op: str, transfers: List[PoolTransfer], extra_info, fn) -> Dict[str, List[bool]]:
         """One guarded call per pool: a pool holding every page of the prefix continues the KV
         chain; a trailing window starts its own (its prefix pages are not in that pool)."""
+        if not isinstance(transfers, (list, tuple)):
+            raise ValueError(f"transfers: expected a list of PoolTransfer, got {type(transfers).__name__}")
         out: Dict[str, List[bool]] = {}
-        for t in transfers:
-            name, keys = str(t.name), t.keys or []
+        for i, t in enumerate(transfers):
+            name, keys = str(t.name), [] if t.keys is None else t.keys  # keys None: nothing to move for this pool
+            _require_keys(keys, f"transfers[{i}].keys")
             out[name] = self._guard(f"{op}[{name}]", len(keys), lambda name=name, keys=keys, t=t: fn(
                 name, self._pool(name), keys, t.host_indices, self._prefix_keys(extra_info),
                 self._interface_of(name), t.hit_policy == PoolHitPolicy.ALL_PAGES))
@@ -304,15 +370,14 @@ class RadixTierStorage(HiCacheStorage):
         return V1 if self._format(pool_name).zero_copy else FLAT
 
     # ---------------------------------------------------------------- the work
-    def _page_buffers(self, pool, host_indices: torch.Tensor, pages: int, interface: str, for_read: bool):
+    def _page_buffers(self, name: str, pool, host_indices: torch.Tensor, pages: int, interface: str,
+                      for_read: bool):
         page_size = int(getattr(pool, "page_size", 1) or 1)
-        if host_indices is None or host_indices.numel() != pages * page_size:
-            raise ValueError(f"host_indices: expected {pages * page_size} token slots for {pages} pages, got "
-                             f"{0 if host_indices is None else host_indices.numel()}")
+        flat = check_host_indices(host_indices, pages, page_size, _pool_slots(name, pool), name)
         if interface == V1:
             ptrs, sizes = pool.get_page_buffer_meta(host_indices)
             return PageSegments(ptrs, sizes, pages), None
-        starts = [int(host_indices[i * page_size]) for i in range(pages)]
+        starts = flat[::page_size].tolist()
         if for_read:
             bufs = [pool.get_dummy_flat_data_page() for _ in range(pages)]
             return bufs, starts
@@ -324,7 +389,7 @@ class RadixTierStorage(HiCacheStorage):
             return []
         if pool is None:
             raise RuntimeError("no host pool registered")
-        bufs, starts = self._page_buffers(pool, host_indices, len(keys), interface, for_read=True)
+        bufs, starts = self._page_buffers(name, pool, host_indices, len(keys), interface, for_read=True)
         chain = self.keys.chain(keys, prefix, self._format(name), interface, continues, for_read=True)
         ok = self._read(chain, bufs)
         if starts is not None:
@@ -341,7 +406,7 @@ class RadixTierStorage(HiCacheStorage):
             raise RuntimeError("no host pool registered")
         if not self.rank.writes(name):
             return self._skip_not_writer(len(keys))
-        bufs, _ = self._page_buffers(pool, host_indices, len(keys), interface, for_read=False)
+        bufs, _ = self._page_buffers(name, pool, host_indices, len(keys), interface, for_read=False)
         chain = self.keys.chain(keys, prefix, self._format(name), interface, continues)
         return self._write(name, chain, bufs)
 
@@ -493,6 +558,10 @@ class RadixTierStorage(HiCacheStorage):
         """Run one SGLang call; any error is logged and turned into misses, never raised into SGLang."""
         try:
             return fn()
+        except ArgumentError as exc:
+            self._stats.add(errors=1)
+            self._refusals.refused(op, n, exc)
+            return [failed] * n
         except Exception as exc:
             self._stats.add(errors=1)
             log.error("radixtier: %s of %d page(s) failed: %s", op, n, exc, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -584,6 +653,85 @@ def _host_regions(pools) -> List[Tuple[int, int]]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous() and t.numel():
                 seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
     return sorted(seen.items())
+
+
+def _require_keys(keys: Any, field: str = "keys") -> None:
+    """SGLang passes page hashes as a list; anything else (None, a generator, one string) is a
+    caller's mistake that no per-key result can answer, so it is refused by name, up front."""
+    if not isinstance(keys, (list, tuple)):
+        raise ValueError(f"{field}: expected a list of page hash strings, got {type(keys).__name__}")
+
+
+def _pool_slots(name: str, pool) -> int:
+    """Slots in a host pool (SGLang's HostKVCache.size): the bound every host index is checked against."""
+    size = getattr(pool, "size", None)
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise RuntimeError(f"host pool {name!r}: expected a slot count (size) to check host_indices against, "
+                           f"got {size!r}")
+    return size
+
+
+def check_host_indices(host_indices: Any, pages: int, page_size: int, slots: int, pool: str) -> torch.Tensor:
+    """host_indices as a flat int64 tensor, once proven to be `pages` whole pages of the pool:
+    each page `page_size` consecutive slots from a multiple of page_size, all of them in 0..slots-1.
+
+    Why: SGLang's zero-copy walk turns a page's first slot into an address with no bounds check
+    of its own, so a slot past the pool had a read write 32 KiB of someone else's memory and
+    2**40 crashed the process. Alignment is required in every layout: SGLang's allocator hands out
+    aligned pages only, and several pools (page_first_direct, DSA, ...) divide the slot by
+    page_size, so an unaligned one names another page. Whole-tensor torch ops, no per-page Python."""
+    if not isinstance(host_indices, torch.Tensor):
+        raise ArgumentError("host_indices", f"host_indices: expected a tensor of host pool slots, got "
+                                            f"{type(host_indices).__name__}")
+    if host_indices.dtype.is_floating_point or host_indices.dtype.is_complex or host_indices.dtype == torch.bool:
+        raise ArgumentError("host_indices", f"host_indices: expected an integer tensor, got dtype "
+                                            f"{str(host_indices.dtype).replace('torch.', '')}")
+    if host_indices.numel() != pages * page_size:
+        raise ArgumentError("host_indices", f"host_indices: expected {pages * page_size} token slots for {pages} "
+                                            f"pages, got {host_indices.numel()}")
+    flat = host_indices.reshape(-1)
+    if flat.dtype != torch.int64 or flat.device.type != "cpu":  # slots of a host pool: CPU int64 (a no-op for SGLang's)
+        flat = flat.to(device="cpu", dtype=torch.int64)
+    if page_size == 1:
+        lo, hi = torch.aminmax(flat)
+        if int(lo) < 0 or int(hi) >= slots:
+            _refuse_host_indices(flat, page_size, slots, pool)
+        return flat
+    rows = flat.reshape(pages, page_size) - _page_offsets(page_size)  # a good page: its first slot, repeated
+    starts = rows[:, 0]
+    lo, hi = torch.aminmax(starts)
+    if (int(lo) < 0 or int(hi) > slots - page_size or not torch.equal(rows, starts[:, None].expand(pages, page_size))
+            or bool(torch.remainder(starts, page_size).any())):
+        _refuse_host_indices(flat, page_size, slots, pool)
+    return flat
+
+
+@functools.lru_cache(maxsize=None)
+def _page_offsets(page_size: int) -> torch.Tensor:
+    """0..page_size-1, made once per page size (never written: the check only reads it)."""
+    return torch.arange(page_size, dtype=torch.int64)
+
+
+def _refuse_host_indices(flat: torch.Tensor, page_size: int, slots: int, pool: str) -> NoReturn:
+    """Name the first bad slot and why (the refusal path only; the checks above stay vectorised)."""
+    where = f"host pool {pool!r} ({slots} slots, page_size {page_size})"
+    outside = ((flat < 0) | (flat >= slots)).nonzero()
+    if outside.numel():
+        i = int(outside[0])
+        raise ArgumentError("host_indices", f"host_indices: expected slots 0..{slots - 1} of {where}, got "
+                                            f"{int(flat[i])} at position {i}")
+    starts = flat[::page_size]
+    unaligned = torch.remainder(starts, page_size).nonzero()
+    if unaligned.numel():
+        p = int(unaligned[0])
+        raise ArgumentError("host_indices", f"host_indices: expected each page to start at a multiple of "
+                                            f"page_size in {where}, got {int(starts[p])} at position "
+                                            f"{p * page_size}")
+    want = (starts[:, None] + _page_offsets(page_size)).reshape(-1)
+    i = int((flat != want).nonzero()[0])
+    raise ArgumentError("host_indices", f"host_indices: expected {page_size} consecutive slots per page in "
+                                        f"{where}, got {int(flat[i])} at position {i} (page from "
+                                        f"{int(want[i - i % page_size])})")
 
 
 def _prefix(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:

@@ -7,16 +7,21 @@ gets an error naming it, instead of a backend that silently runs with defaults.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
-import socket
+import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
+from urllib.parse import urlsplit
 
 from radixtier.storage import validate
+from radixtier.storage.index.identity import default_node_id
 from radixtier.storage.index.redis_index import RedisIndexConfig
 from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST
 from radixtier.storage.nvmeof.io_engine import ENGINES, MAX_QUEUE_DEPTH
 from radixtier.storage.nvmeof.layout import MAX_PARTITIONS
+from radixtier.storage.nvmeof.lease import check_timing, default_io_timeout_s
 from radixtier.units import parse_size
 
 # Keys SGLang itself reads from the same JSON object; accepted and left to SGLang.
@@ -36,6 +41,9 @@ REDIS_KEYS = {
 }
 _FIELD_KEY = {f: k for k, f in REDIS_KEYS.items()}
 NODE_ID_BASE_BYTES = validate.NODE_ID_MAX_BYTES - 8  # room for the ".r<rank>" suffix of multi-rank nodes
+REDIS_URL_MAX_CHARS = 4096  # far past any real URL (a long ACL password included); a value this long is a mistake
+SHOWN_CHARS = 64            # how much of a long value an error message echoes back
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")  # one DNS label (underscores: container and compose names)
 
 
 def _default_redis() -> RedisIndexConfig:
@@ -56,7 +64,7 @@ class BackendConfig:
     partitions: int = 8                 # partitions when creating: one per writer (node x TP/PP rank)
     partition: int = 0                  # this node's first partition; rank r writes partition + r
     page_bytes: int = 0                 # slot size; 0 = the largest page of the registered host pools
-    node_id: str = field(default_factory=lambda: socket.gethostname().split(".")[0] or "node")
+    node_id: str = field(default_factory=default_node_id)  # <host>-<8 hex of machine and container id>
     redis: RedisIndexConfig = field(default_factory=_default_redis)  # the REDIS_KEYS; url "" = no Redis
     io_engine: str = "auto"
     queue_depth: int = 16
@@ -66,6 +74,8 @@ class BackendConfig:
     eviction: str = LEAVES_FIRST
     coalesce_bytes: int = 1 << 20
     lease_s: float = 15.0               # partition lease on the device; renewed every lease_s / 4
+    # bound on one write reaching the device after its deadline check; the same on every host
+    lease_io_timeout_s: float = field(default_factory=default_io_timeout_s)
     force_takeover: bool = False        # take a partition whose lease another host still renews
 
     @classmethod
@@ -106,6 +116,7 @@ class BackendConfig:
             elif name in known:
                 setattr(cfg, name, _coerce(name, raw, getattr(cfg, name)))
         cfg.check()
+        cfg.check_room()
         return cfg
 
     def check(self) -> None:
@@ -121,19 +132,115 @@ class BackendConfig:
             validate.positive_int("queue_depth", self.queue_depth, MAX_QUEUE_DEPTH)
             validate.positive_int("coalesce_bytes", self.coalesce_bytes)
             validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
-            validate.positive_seconds("lease_s", self.lease_s)
+            check_timing(self.lease_s, self.lease_io_timeout_s)
             for name, allowed in (("io_engine", ENGINES), ("verify", validate.VERIFY_MODES),
                                   ("eviction", EVICTION_MODES)):
                 validate.one_of(name, getattr(self, name), allowed)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if isinstance(self.redis.url, str) and self.redis.url:
+            _check_redis_url(self.redis.url)
         try:
             self.index_config(self.node_id).validate(require_url=False)
         except ValueError as exc:  # named by the extra_config key, not the RedisIndexConfig field
             text = str(exc)
+            if isinstance(self.redis.url, str) and len(self.redis.url) > SHOWN_CHARS:  # never echo a long URL whole
+                text = text.replace(repr(self.redis.url), _shown_url(self.redis.url))
             field_name = text.split(":", 1)[0]
             key = _FIELD_KEY.get(field_name, field_name)
             raise ConfigError(key + text[len(field_name):]) from None
+
+    def check_room(self) -> None:
+        """A file namespace that `capacity` is about to create must fit the filesystem it goes on.
+
+        Checked here, before any folder or file exists, because the store finds out too late: a
+        size past the filesystem's largest file fails its ftruncate with a bare `[Errno 27] File
+        too large`, and a size past the free space fails its fallocate after the file was made.
+        Reads the filesystem (statvfs) and creates nothing; an existing namespace keeps the size
+        it was formatted with, so capacity is not checked against it."""
+        if not self.capacity or not _will_create(self.path):
+            return
+        folder = _nearest_folder(self.path)
+        try:
+            st = os.statvfs(folder)
+        except OSError as exc:
+            raise ConfigError(f"capacity: cannot read the free space of {folder} to create {self.path} "
+                              f"({exc.strerror})") from None
+        room = st.f_bavail * st.f_frsize
+        if self.capacity > room:
+            raise ConfigError(f"capacity: expected at most {room} bytes ({room / (1 << 30):.1f} GiB free on the "
+                              f"filesystem holding {folder}), got {shown_size(self.capacity)}")
+
+
+def _will_create(path: str) -> bool:
+    """Whether opening `path` creates (formats) a file namespace: it is missing or an empty file
+    (the same test attach.open_partition makes)."""
+    return not os.path.exists(path) or (os.path.isfile(path) and os.path.getsize(path) == 0)
+
+
+def _nearest_folder(path: str) -> str:
+    """The folder `path` would be created in, or its nearest existing ancestor (attach makes the rest)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def shown_size(nbytes: int) -> str:
+    """A size as an operator writes it: 4000TiB when a binary unit divides it, else bytes."""
+    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit} ({nbytes} bytes)"
+    return f"{nbytes} bytes"
+
+
+def _shown(value: str) -> str:
+    """repr of a string value for an error line, cut to SHOWN_CHARS with its full length said."""
+    if len(value) <= SHOWN_CHARS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
+
+
+def _shown_url(url: str) -> str:
+    """_shown of a URL with its password, if any, replaced by ***: error lines end up in shared logs."""
+    return _shown(re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url, count=1))
+
+
+def _check_redis_url(url: str) -> None:
+    """Length, host and port of redis_url, checked at start-up: redis-py would otherwise fail on the
+    first connection, deep inside (a 64-character DNS label is an idna UnicodeError from socket),
+    after the namespace was already created, and its error would echo the whole URL."""
+    if len(url) > REDIS_URL_MAX_CHARS:
+        raise ConfigError(f"redis_url: expected a URL of at most {REDIS_URL_MAX_CHARS} characters, got "
+                          f"{_shown_url(url)}")
+    if url.split(":", 1)[0].lower() not in ("redis", "rediss"):
+        return  # unix:// has no host; any other scheme is refused, by name, with the index's other settings
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # a bad port or a bracketed host that is no IPv6 address
+        what = "a port from 1 to 65535" if "port" in str(exc).lower() else "a host name or IP address"
+        raise ConfigError(f"redis_url: expected {what}, got {_shown_url(url)} ({exc})") from None
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"redis_url: expected a port from 1 to 65535, got {port} in {_shown_url(url)}")
+    if host and not _valid_host(host):
+        raise ConfigError(f"redis_url: expected a host name (labels of 1-63 letters, digits, '-' or '_', "
+                          f"253 characters in all) or an IP address, got host {_shown(host)}")
+
+
+def _valid_host(host: str) -> bool:
+    """An IP address, or a DNS name (international names as their ASCII form) that resolvers take."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return False
+    labels = name[:-1].split(".") if name.endswith(".") else name.split(".")
+    return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _size(name: str, raw: Any) -> int:

@@ -31,7 +31,10 @@ int rt_fixed_index(const RingObject *r, const void *base, size_t len);
 void rt_crc32c_init(void);
 int rt_crc32c_hardware(void);
 uint32_t rt_crc32c(uint32_t crc, const void *buf, size_t len);
-int rt_submit_queued(struct io_uring *ring, int queued, int *err);
+/* 1 when deadline_ns (CLOCK_BOOTTIME nanoseconds: io_engine.deadline_clock()) is set (> 0) and has
+ * passed: a write must not be issued then (the partition lease that covers it may have expired). */
+int rt_past(int64_t deadline_ns);
+int rt_submit_queued(struct io_uring *ring, int queued, int *err, int64_t deadline_ns);
 
 extern PyTypeObject RtPageBatchType;
 PyObject *rt_ring_read_pages(RingObject *self, PyObject *args);

@@ -340,6 +340,7 @@ typedef struct {
     unsigned char *pad; /* read: scratch for padding; write: zeros */
     int first_errno;
     const RingObject *ring; /* its registered buffers */
+    int64_t deadline_ns;    /* writes: nothing is issued past it (0: no deadline); see rt_past */
 } Batch;
 
 static inline void put16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
@@ -562,6 +563,7 @@ static long long finish_short(const Batch *b, const BatchOp *op, long long done)
             skip = 0;
             m++;
         }
+        if (b->write && rt_past(b->deadline_ns)) return -ETIME;
         ssize_t r = b->write ? pwritev(b->fd, rest, m, op->offset + done) : preadv(b->fd, rest, m, op->offset + done);
         if (r < 0) {
             if (errno == EINTR) continue;
@@ -589,8 +591,8 @@ static void op_done(Batch *b, const BatchOp *op, long long res) {
 }
 
 /* rt_submit_queued, and the unsent ones taken back: 0 or -errno. */
-static int submit_queued(RingObject *r, int queued, Py_ssize_t *next, Py_ssize_t *inflight) {
-    int err, sent = rt_submit_queued(&r->ring, queued, &err);
+static int submit_queued(RingObject *r, const Batch *b, int queued, Py_ssize_t *next, Py_ssize_t *inflight) {
+    int err, sent = rt_submit_queued(&r->ring, queued, &err, b->deadline_ns);
     if (err) { /* prepared but never submitted: the caller tears the ring down, so they never run */
         *inflight -= queued - sent;
         *next -= queued - sent;
@@ -622,12 +624,12 @@ static int top_up(RingObject *r, Batch *b, Py_ssize_t *next, Py_ssize_t *infligh
         (*inflight)++;
         queued++;
         if (b->write) {
-            int rc = submit_queued(r, queued, next, inflight);
+            int rc = submit_queued(r, b, queued, next, inflight);
             if (rc < 0) return rc;
             queued = 0;
         }
     }
-    return submit_queued(r, queued, next, inflight);
+    return submit_queued(r, b, queued, next, inflight);
 }
 
 /* The ring loop, GIL released. Completions are harvested, the ring is refilled, and only then are
@@ -819,8 +821,9 @@ static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
     Batch b;
     memset(&b, 0, sizeof(b));
     unsigned long long coalesce;
-    if (write ? !PyArg_ParseTuple(args, "O!iLLy#OKp", &RtPageBatchType, &pb_obj, &b.fd, &b.data_offset, &b.slot_bytes,
-                                  &uuid, &uuid_len, &plan, &coalesce, &b.direct)
+    long long deadline_ns = 0;
+    if (write ? !PyArg_ParseTuple(args, "O!iLLy#OKp|L", &RtPageBatchType, &pb_obj, &b.fd, &b.data_offset, &b.slot_bytes,
+                                  &uuid, &uuid_len, &plan, &coalesce, &b.direct, &deadline_ns)
               : !PyArg_ParseTuple(args, "O!iLLy#OOOKp", &RtPageBatchType, &pb_obj, &b.fd, &b.data_offset,
                                   &b.slot_bytes, &uuid, &uuid_len, &keys, &slots, &indexes, &coalesce, &b.direct))
         return NULL;
@@ -846,6 +849,7 @@ static PyObject *batch_call(RingObject *self, PyObject *args, int write) {
         return NULL;
     }
     memcpy(b.uuid, uuid, 16);
+    b.deadline_ns = (int64_t)deadline_ns;
     b.coalesce = (size_t)coalesce;
     b.depth = self->depth;
     b.ring = self;
@@ -927,11 +931,12 @@ const char rt_read_pages_doc[] =
     "5 stale (a sound header of another page or generation: the slot was reused).";
 
 const char rt_write_pages_doc[] =
-    "write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct)\n"
+    "write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct, deadline_ns=0)\n"
     "    -> (status, checksums, entries, errno)\n\n"
     "plan: (batch index, key, parent or None, slot, generation) per page. Checksums each page, packs its\n"
     "slot header and writes header + payload, GIL released. status[i]: 0 written, 1 I/O error, 4 not run.\n"
-    "entries: the packed 64-byte slot-table entry of each page, in plan order.";
+    "entries: the packed 64-byte slot-table entry of each page, in plan order. deadline_ns > 0\n"
+    "(time.monotonic_ns()): checked before each submission; past it nothing more is issued (errno ETIME).";
 
 PyObject *rt_ring_read_pages(RingObject *self, PyObject *args) { return batch_call(self, args, 0); }
 PyObject *rt_ring_write_pages(RingObject *self, PyObject *args) { return batch_call(self, args, 1); }

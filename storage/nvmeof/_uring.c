@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define RT_REGISTER_CLONE_BUFFERS 30 /* IORING_REGISTER_CLONE_BUFFERS (Linux 6.12); liburing 2.3 predates it */
@@ -154,12 +155,25 @@ static void Ring_dealloc(RingObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+int rt_past(int64_t deadline_ns) {
+    if (deadline_ns <= 0) return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts); /* the lease clock: monotonic, and it runs through suspend */
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec >= deadline_ns;
+}
+
 /* Hand `queued` prepared SQEs to the kernel, retrying transient refusals (EINTR, EAGAIN, EBUSY, a
- * zero count). Returns how many reached it; *err is 0, or -errno when it gave up on the rest. */
-int rt_submit_queued(struct io_uring *ring, int queued, int *err) {
+ * zero count). Returns how many reached it; *err is 0, or -errno when it gave up on the rest.
+ * deadline_ns > 0: checked right before each submission, with no Python code in between (so no
+ * garbage-collector pause fits there): past it nothing more is submitted and *err is -ETIME. */
+int rt_submit_queued(struct io_uring *ring, int queued, int *err, int64_t deadline_ns) {
     int sent = 0, tries = 0;
     *err = 0;
     while (sent < queued) {
+        if (rt_past(deadline_ns)) {
+            *err = -ETIME;
+            break;
+        }
         int rc = io_uring_submit(ring);
         if (rc > 0) {
             sent += rc;
@@ -198,10 +212,12 @@ static int reap(RingObject *self, Op *ops, Py_ssize_t *done, int wait) {
 }
 
 PyDoc_STRVAR(Ring_run_doc,
-"run(ops, on_done=None) -> list[int]\n\n"
+"run(ops, on_done=None, deadline_ns=0) -> list[int]\n\n"
 "ops: sequence of (write, fd, offset, buffers); each op is one preadv/pwritev of its buffers laid\n"
 "end to end at offset. Returns bytes moved (or -errno) per op. on_done(i, result) is called as op i\n"
-"completes, while later ops are still in flight. Every buffer is released before run returns.");
+"completes, while later ops are still in flight. Every buffer is released before run returns.\n"
+"deadline_ns > 0 (time.monotonic_ns()): nothing is submitted past it; the call then raises\n"
+"OSError(ETIME) once what was submitted has completed.");
 
 /* A ring a call may use now: open, and no other call on it. 0 with an exception otherwise. */
 static int ring_idle(RingObject *self) {
@@ -218,7 +234,8 @@ static int ring_idle(RingObject *self) {
 
 static PyObject *Ring_run(RingObject *self, PyObject *args) {
     PyObject *ops_in, *on_done = Py_None;
-    if (!PyArg_ParseTuple(args, "O|O", &ops_in, &on_done)) return NULL;
+    long long deadline_ns = 0;
+    if (!PyArg_ParseTuple(args, "O|OL", &ops_in, &on_done, &deadline_ns)) return NULL;
     if (!ring_idle(self)) return NULL;
     PyObject *seq = PySequence_Fast(ops_in, "ops: expected a sequence");
     if (seq == NULL) return NULL;
@@ -264,7 +281,7 @@ static PyObject *Ring_run(RingObject *self, PyObject *args) {
         if (queued) {
             /* a refusal fails the call (and the ring is torn down below, so no stale sqe naming our
              * buffers is ever submitted) */
-            int err, sent = rt_submit_queued(&self->ring, queued, &err);
+            int err, sent = rt_submit_queued(&self->ring, queued, &err, (int64_t)deadline_ns);
             if (err) {
                 if (!failed) {
                     errno = -err;

@@ -13,6 +13,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -60,13 +61,62 @@ def aligned_buffer(nbytes: int) -> memoryview:
     return memoryview(mmap.mmap(-1, max(nbytes, 1)))[:nbytes]
 
 
-def _run_one(op: IOOp) -> int:
-    """Run an op to completion (short transfers are continued); returns bytes or -errno."""
+def deadline_clock() -> float:
+    """The clock write deadlines are stated in (seconds): CLOCK_BOOTTIME, monotonic and counting
+    through a suspend (CLOCK_MONOTONIC stops there: a resumed holder would think its lease young)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def deadline_ns(deadline: Optional[float]) -> int:
+    """A deadline_clock() deadline as the native code takes it (nanoseconds; 0: none)."""
+    return 0 if deadline is None else max(1, int(deadline * 1e9))
+
+
+def _load_native_pwritev():
+    try:
+        from radixtier.storage.nvmeof import _fence
+    except ImportError:
+        return None
+    return _fence.pwritev_by
+
+
+_native_pwritev = _load_native_pwritev()
+
+
+def deadline_check_reason() -> Optional[str]:
+    """Why write deadlines are checked in Python here (a pause can fall between the check and the
+    write), or None when the check runs in C right before each write."""
+    if _native_pwritev is None:
+        return ("radixtier's _fence extension is not built (a C compiler at install time builds it): write "
+                "deadlines of the partition lease are checked in Python, which a long pause can outlast")
+    return None
+
+
+def pwritev_by(fd: int, bufs: Sequence[memoryview], offset: int, deadline: Optional[float]) -> int:
+    """pwritev, issued only before `deadline` (deadline_clock(); None: always): OSError(ETIME) after.
+
+    With the _fence extension the check and the system call run in C with nothing in between (a
+    garbage-collector pause cannot fall there); without it see deadline_check_reason()."""
+    if deadline is None:
+        return os.pwritev(fd, bufs, offset)
+    if _native_pwritev is not None:
+        return _native_pwritev(fd, bufs, offset, deadline_ns(deadline))
+    if deadline_clock() >= deadline:
+        raise OSError(errno.ETIME, "write deadline passed (partition lease not renewed in time)")
+    return os.pwritev(fd, bufs, offset)
+
+
+def _run_one(op: IOOp, deadline: Optional[float] = None) -> int:
+    """Run an op to completion (short transfers are continued); returns bytes or -errno. A write
+    is issued only before `deadline` (deadline_clock()), each continuation checked again."""
     done, total = 0, op.nbytes
     bufs = list(op.bufs)
     try:
         while done < total:
-            n = (os.pwritev if op.write else os.preadv)(op.fd, bufs, op.offset + done)
+            if op.write:
+                n = pwritev_by(op.fd, bufs, op.offset + done, deadline)
+            else:
+                n = os.preadv(op.fd, bufs, op.offset + done)
             if n <= 0:
                 return -errno.EIO if op.write else done
             done += n
@@ -99,10 +149,12 @@ class ThreadPoolIO:
         self.queue_depth = queue_depth
         self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix="radixtier-pio")
 
-    def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None) -> List[int]:
-        """Bytes moved (or -errno) per op; on_done(i, result) runs as each op finishes, in a worker."""
+    def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None,
+            deadline: Optional[float] = None) -> List[int]:
+        """Bytes moved (or -errno) per op; on_done(i, result) runs as each op finishes, in a worker.
+        Writes are issued only before `deadline` (deadline_clock()); later ones give -ETIME."""
         def one(i: int) -> int:
-            r = _run_one(ops[i])
+            r = _run_one(ops[i], deadline)
             if on_done is not None:
                 on_done(i, r)
             return r
@@ -297,9 +349,12 @@ class UringIO:
         with self._lock:
             return self._retired_fixed_ios + sum(r.fixed_ios for r, _owner in self._rings)
 
-    def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None) -> List[int]:
+    def run(self, ops: Sequence[IOOp], on_done: Optional[OnDone] = None,
+            deadline: Optional[float] = None) -> List[int]:
         """Bytes moved (or -errno) per op; on_done(i, result) runs as each op completes, while the
-        rest are still in flight (so callers can verify data under the remaining I/O)."""
+        rest are still in flight (so callers can verify data under the remaining I/O). Nothing is
+        submitted past `deadline` (deadline_clock(); checked in C before each submission): the call
+        then raises OSError(ETIME) once what was submitted has landed."""
         ring = self._ring()
         short: List[int] = []
 
@@ -309,11 +364,11 @@ class UringIO:
             elif on_done is not None:
                 on_done(i, r)
 
-        results = ring.run([(op.write, op.fd, op.offset, op.bufs) for op in ops], landed)
+        results = ring.run([(op.write, op.fd, op.offset, op.bufs) for op in ops], landed, deadline_ns(deadline))
         for i in short:  # finish short transfers synchronously (rare: EOF, signals)
             op = ops[i]
             rest = IOOp(op.write, op.fd, op.offset + results[i], _advance(op.bufs, results[i]))
-            more = _run_one(rest) if rest.bufs else 0
+            more = _run_one(rest, deadline) if rest.bufs else 0
             results[i] = results[i] + more if more >= 0 else more
             if on_done is not None:
                 on_done(i, results[i])
@@ -336,10 +391,11 @@ class UringIO:
                                                        indexes, coalesce_bytes, direct)
 
     def write_pages(self, batch, fd: int, data_offset: int, slot_bytes: int, uuid: bytes, plan: list,
-                    coalesce_bytes: int, direct: bool):
+                    coalesce_bytes: int, direct: bool, deadline: Optional[float] = None):
         """(status bytes, checksums, packed table entries, first errno): plan items (batch index, key,
-        parent, slot, generation)."""
-        return self._ring().write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct)
+        parent, slot, generation). Nothing is issued past `deadline` (deadline_clock(); errno ETIME)."""
+        return self._ring().write_pages(batch, fd, data_offset, slot_bytes, uuid, plan, coalesce_bytes, direct,
+                                        deadline_ns(deadline))
 
     def close(self) -> None:
         """Close every thread's ring; the store calls this only once no call is running."""

@@ -18,6 +18,7 @@ What it guarantees:
 
 from __future__ import annotations
 
+import errno
 import logging
 from operator import itemgetter
 import os
@@ -28,14 +29,15 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, PLAIN_LRU, EvictionOrder
-from radixtier.storage.nvmeof.io_engine import IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, make_engine
+from radixtier.storage.nvmeof.io_engine import (IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, deadline_check_reason,
+                                                make_engine)
 from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
                                              SlotHeader, Superblock, TableEntry, align_up, checksum)
-from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease
+from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease, check_timing, default_io_timeout_s
 from radixtier.storage.nvmeof.reading import PagesInRead
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view
 from radixtier.storage.nvmeof.target import open_target, read_aligned, reserve_file_space, write_aligned
-from radixtier.storage.validate import VERIFY_MODES, one_of, positive_int, positive_seconds
+from radixtier.storage.validate import VERIFY_MODES, one_of, positive_int
 from radixtier.storage.validate import node_id as validate_node_id
 
 log = logging.getLogger("radixtier.storage.nvmeof")
@@ -219,7 +221,9 @@ class NvmeofPageStore:
                  io_engine: str = "auto", queue_depth: int = 16, direct: bool = True, sync: bool = True,
                  eviction: str = LEAVES_FIRST, verify: str = "auto",
                  coalesce_bytes: int = DEFAULT_COALESCE_BYTES, lease_s: float = DEFAULT_LEASE_S,
-                 force_takeover: bool = False) -> None:
+                 force_takeover: bool = False, lease_io_timeout_s: Optional[float] = None) -> None:
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise ValueError(f"path: expected the path of a block device or file, got {path!r}")
         one_of("eviction", eviction, EVICTION_MODES)
         one_of("verify", verify, VERIFY_MODES)
         validate_node_id("node_id", node_id)
@@ -229,7 +233,8 @@ class NvmeofPageStore:
             positive_int("capacity", create_bytes)
         positive_int("coalesce_bytes", coalesce_bytes)
         positive_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
-        self.lease_s = positive_seconds("lease_s", lease_s)
+        self.lease_s, self.lease_io_timeout_s = check_timing(
+            lease_s, default_io_timeout_s() if lease_io_timeout_s is None else lease_io_timeout_s)
         self.path = path
         self.node_id = node_id
         self.sync = sync
@@ -270,10 +275,13 @@ class NvmeofPageStore:
         self.partition = partition
         self._range = sb.partition_range(partition)
         self.capacity_pages = len(self._range)
-        lease = PartitionLease(self._t, sb, partition, self.node_id, lease_s=self.lease_s, force=force_takeover)
+        lease = PartitionLease(self._t, sb, partition, self.node_id, lease_s=self.lease_s,
+                               io_timeout_s=self.lease_io_timeout_s, force=force_takeover)
         lease.acquire()  # before anything is read or written: a held partition is refused here
         self._lease = lease
         self._engine = make_engine(io_engine, queue_depth)
+        if deadline_check_reason():
+            log.warning("radixtier: %s", deadline_check_reason())
         self.io_engine = self._engine.name
         self.direct = self._t.direct
         self._native = self._engine.native_pages
@@ -301,7 +309,8 @@ class NvmeofPageStore:
             if e is not None and e.length <= sb.page_bytes:
                 used.append((first + i, e))
         mode = verify if verify != "auto" else ("headers" if unclean else "none")
-        self.recovery = {"entries": len(used), "dropped": 0, "verify": mode, "unclean": unclean}
+        self.recovery = {"entries": len(used), "dropped": 0, "verify": mode, "unclean": unclean,
+                         "lease_waited_s": round(self._lease.waited_s, 3)}
         if mode != "none":
             bad = self._verify_slots(used, full=(mode == "full"))
             self.recovery["dropped"] = len(bad)
@@ -331,8 +340,10 @@ class NvmeofPageStore:
 
     @property
     def fenced(self) -> str:
-        """Why this store may no longer write its partition ('' while it may): another opener took
-        the lease. Reads stay verified and safe; writes are refused from then on."""
+        """Why this store may not write its partition now ('' while it may): another opener took
+        the lease (for good), or its write deadline passed without a renewal (until one succeeds).
+        Reads stay verified and safe. Every write is also issued against the lease's deadline
+        (checked in C right before each submission), so a pause after this check changes nothing."""
         return self._lease.lost if self._lease is not None else ""
 
     def _verify_slots(self, used: List[Tuple[int, TableEntry]], full: bool) -> set:
@@ -367,9 +378,8 @@ class NvmeofPageStore:
         """Write table blocks (whole 4 KiB blocks from the in-memory copy), then make them durable."""
         if not blocks:
             return
-        if self.fenced:
-            raise OSError(self.fenced)
         with self._table_lock:
+            deadline = self._lease.write_deadline()  # OSError when no write may be issued
             ops, runs = [], []
             for b in sorted(set(blocks)):
                 if runs and runs[-1][1] == b:
@@ -381,7 +391,7 @@ class NvmeofPageStore:
                 with self._lock:
                     buf[:] = self._table[lo * BLOCK:hi * BLOCK]
                 ops.append(IOOp(True, self._t.fd, self._table_base + lo * BLOCK, [buf]))
-            res = self._engine.run(ops)
+            res = self._engine.run(ops, None, deadline)
             if any(r < op.nbytes for r, op in zip(res, ops)):
                 self.counters.io_errors += 1
                 raise OSError(f"{self.path}: slot table write failed")
@@ -567,10 +577,14 @@ class NvmeofPageStore:
             ops.append((slot, [hdr] + payload))
         if bounce_bytes:
             self.counters.bounced += 1
-        if self.fenced:
-            self.counters.fenced_writes += len(plan)
-            raise OSError(self.fenced)  # put() returns the planned slots; nothing was written
-        results = self._run_coalesced(True, ops)
+        try:
+            deadline = self._lease.write_deadline()
+            results = self._run_coalesced(True, ops, deadline=deadline)
+        except OSError as exc:
+            if exc.errno != errno.ETIME:
+                raise
+            self._fenced_during_write(len(plan), exc)
+            results = [False] * len(plan)  # what landed stays in free slots: no entry names it
         if self.sync:
             os.fdatasync(self._t.fd)
         self._commit_written(plan, b"".join(entries), placed, results, ok)
@@ -600,6 +614,8 @@ class NvmeofPageStore:
                     pages += 1
                     nbytes += placed[j][LENGTH]
                 else:
+                    if not table_ok:  # else a later flush of this block would write the entry out
+                        self._set_entry(slot, FREE_ENTRY)
                     self._free.append(slot)
             self.counters.writes += pages
             self.counters.write_bytes += nbytes
@@ -609,14 +625,20 @@ class NvmeofPageStore:
         """_write_planned on the native core: checksums, headers, the writes and the packed table
         entries run in C (GIL released); then durability, table entries and the index, in the same order."""
         gens = self._generations(len(plan))
-        if self.fenced:
-            self.counters.fenced_writes += len(plan)
-            raise OSError(self.fenced)
+        try:
+            deadline = self._lease.write_deadline()
+        except OSError as exc:  # put()'s check passed, the deadline has since: nothing is written
+            self._fenced_during_write(len(plan), exc)
+            with self._lock:
+                self._free.extend(slot for _i, _key, _parent, slot, _sg in plan)
+            return
         status, sums, entries, err = self._engine.write_pages(
             batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes, self._uuid_bytes,
             [(i, key, parent, slot, gens[j]) for j, (i, key, parent, slot, _sg) in enumerate(plan)],
-            self.coalesce_bytes, self.direct)
-        if any(status):
+            self.coalesce_bytes, self.direct, deadline)
+        if any(status) and (err == errno.ETIME or self.fenced):
+            self._fenced_during_write(sum(1 for x in status if x), OSError(errno.ETIME, self.fenced or "write deadline"))
+        elif any(status):
             self.counters.io_errors += 1
             log.error("radixtier: %s: write of %d page(s) failed: %s", self.path, sum(1 for x in status if x),
                       os.strerror(err or 5))
@@ -624,6 +646,11 @@ class NvmeofPageStore:
             os.fdatasync(self._t.fd)
         placed = [(slot, gens[j], lengths[i], sums[j], parent) for j, (i, _key, parent, slot, _sg) in enumerate(plan)]
         self._commit_written(plan, entries, placed, [st == 0 for st in status], ok)
+
+    def _fenced_during_write(self, pages: int, exc: OSError) -> None:
+        """The lease's deadline passed (or it was lost) between put()'s check and the writes."""
+        self.counters.fenced_writes += pages
+        log.warning("radixtier: %s: %d page(s) not written: %s", self.path, pages, exc.strerror or exc)
 
     def _generations(self, n: int) -> List[int]:
         with self._lock:
@@ -951,7 +978,8 @@ class NvmeofPageStore:
         return list(sg)
 
     def _run_coalesced(self, write: bool, ops: List[Tuple[int, List[memoryview]]],
-                       on_slot_done: Optional[Callable[[int, bool], None]] = None) -> List[bool]:
+                       on_slot_done: Optional[Callable[[int, bool], None]] = None,
+                       deadline: Optional[float] = None) -> List[bool]:
         """Run per-slot I/Os, merging runs of adjacent slots into vectored I/Os of at most
         `coalesce_bytes` (big enough to cut per-I/O cost, small enough to keep the queue full)."""
         order = sorted(range(len(ops)), key=lambda j: ops[j][0])
@@ -973,7 +1001,9 @@ class NvmeofPageStore:
 
         def done(m: int, r: int) -> None:
             members, op = merged[m]
-            if r < 0:
+            if r == -errno.ETIME:  # the lease's write deadline passed: not issued
+                self.counters.fenced_writes += len(members)
+            elif r < 0:
                 self.counters.io_errors += 1
                 log.error("radixtier: %s: %s of %d slot(s) failed: %s", self.path, "write" if write else "read",
                           len(members), os.strerror(-r))
@@ -982,7 +1012,7 @@ class NvmeofPageStore:
                 if on_slot_done is not None:
                     on_slot_done(j, ok[j])
 
-        self._engine.run([op for _, op in merged], done)
+        self._engine.run([op for _, op in merged], done, deadline)
         return ok
 
     # ---------------------------------------------------------------- closing
