@@ -31,7 +31,6 @@ import time
 from typing import Callable, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from radixtier.storage.api import PageLocation, PageRecord  # noqa: E402
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex  # noqa: E402
@@ -111,7 +110,7 @@ def sglang_batch_exists(url: str, tmp: str, pages: int):
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-        from test_sglang_plugin import attach
+        from radixtier.testing.sglang_pools import attach
     except ImportError as exc:
         return None, f"sglang unavailable: {exc}"
     page = 16
@@ -151,7 +150,7 @@ def main(argv=None) -> int:
     url = a.url
     tmp = tempfile.mkdtemp(prefix="radixtier-index-bench-")
     if url is None:
-        from redis_server import RedisServer
+        from radixtier.testing.redis_server import RedisServer
 
         srv = RedisServer(tmp)
         url = srv.url

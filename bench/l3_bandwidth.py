@@ -490,7 +490,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hicachefile", action="store_true")
     ap.add_argument("--out", default="bench/results/l3_bandwidth.json", help="JSON; .md and .png go beside it")
     a = ap.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     rows: List[Dict[str, object]] = []
     if a.ram_device:
         from ramdevice import RamDeviceUnavailable, ram_device

@@ -1,6 +1,6 @@
 """L3 backup and prefetch through SGLang 0.5.23's own cache code, side by side in one run.
 
-Each backend is driven the way SGLang's scheduler drives it (tests/sglang_driver.py): requests
+Each backend is driven the way SGLang's scheduler drives it (radixtier/testing/sglang_driver.py): requests
 are inserted and written through (L1 -> L2 -> L3 by the controller's backup thread), every copy
 is evicted from L1 and L2, and the scheduler's prefetch brings them back into L2 through the
 controller's prefetch threads. Times are SGLang's own path end to end:
@@ -46,8 +46,6 @@ import time
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the SGLang driver and its CPU shims
-sys.path.insert(0, HERE)
 
 from l3_bandwidth import drop_caches, fio_once  # noqa: E402
 
@@ -64,7 +62,7 @@ def page_bytes_of(shape: str) -> int:
 
 def open_node(backend: str, layout: str, shape: str, store_dir: str, pages: int):
     """A fresh SGLang cache of `shape` with room for `pages` pages in L1, `backend` as its L3."""
-    from sglang_driver import SGLangNode
+    from radixtier.testing.sglang_driver import SGLangNode
 
     layers, heads, dim, ps, _pages = SHAPES[shape]
     shutil.rmtree(store_dir, ignore_errors=True)

@@ -46,11 +46,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from typing import Callable, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 from radixtier.demo import http_load  # noqa: E402
 from radixtier.demo.hf_model import WIDE_MLP, write_model  # noqa: E402

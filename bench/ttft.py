@@ -39,8 +39,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from naive_store import OneFilePerPageStore  # noqa: E402
+from radixtier.testing.naive_store import OneFilePerPageStore  # noqa: E402
 
 from radixtier.cache import CacheConfig, TieredKVCache  # noqa: E402
 from radixtier.hashing import KVNamespace  # noqa: E402

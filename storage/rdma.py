@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Tuple
 
-from radixtier.storage.nvmeof.layout import checksum
+from radixtier.storage.checksum import checksum
 from radixtier.storage.api import BufferLike, buffer_address, buffer_view
 
 

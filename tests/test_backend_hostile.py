@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from conftest import require_sglang  # noqa: E402
+from radixtier.testing.skips import require_sglang  # noqa: E402
 
 require_sglang("sglang.srt.mem_cache.hicache_storage")
 
@@ -32,47 +32,16 @@ from radixtier.integrations.sglang import backend as backend_module  # noqa: E40
 from radixtier.integrations.sglang.backend import RadixTierStorage  # noqa: E402
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError  # noqa: E402
 from radixtier.storage.nvmeof.io_engine import uring_unusable_reason  # noqa: E402
-from test_sglang_plugin import (PAGE, attach, attach_with_sidecar, chain_keys, make_host_pool,  # noqa: E402
-                                slots, storage_config)
+from radixtier.testing.sglang_pools import (PAGE, Guarded, PageFirstOnlyHost, attach,  # noqa: E402
+                                            attach_with_sidecar, chain_keys, make_host_pool, slots, storage_config)
 
 pytestmark = pytest.mark.sglang
-GUARD_BYTE = 0x5A
-GUARD_PAGES = 4  # guard on each side of the pool, in whole pages of the pool (K and V of every layer)
 FAR = 1 << 40    # the index that crashed the process (SIGSEGV) on both engines
 ENGINES = [pytest.param("threads"),
            pytest.param("io_uring", marks=pytest.mark.skipif(bool(uring_unusable_reason()),
                                                              reason=f"io_uring: {uring_unusable_reason()}"))]
 LAYOUTS = ("page_first", "layer_first")
 INFO = HiCacheStorageExtraInfo(prefix_keys=[])
-
-
-class Guarded:
-    """A host pool whose kv_buffer is the middle of a larger tensor: guard bytes before and after it.
-
-    SGLang's zero-copy walk addresses slot s as kv_buffer.data_ptr() + s * stride, so a slot past
-    the pool lands in the back guard and a negative one in the front guard, memory this test owns
-    and can check, instead of the allocator's."""
-
-    def __init__(self, layout: str, seed: int = 0, layers: int = 4) -> None:
-        self.host = make_host_pool(layout, seed=seed, layers=layers)
-        inner = self.host.kv_buffer
-        self.n = inner.numel()
-        self.g = GUARD_PAGES * (self.n // self.host.size) * PAGE
-        self.backing = torch.empty(self.g + self.n + self.g, dtype=inner.dtype)
-        self.backing.view(torch.uint8).fill_(GUARD_BYTE)
-        self.backing[self.g:self.g + self.n].copy_(inner.reshape(-1))
-        self.host.kv_buffer = self.backing[self.g:self.g + self.n].view(inner.shape)
-
-    def snapshot(self) -> torch.Tensor:
-        return self.backing.view(torch.uint8).clone()
-
-    def guards_intact(self) -> bool:
-        raw = self.backing.view(torch.uint8)
-        width = self.g * self.backing.element_size()
-        return bool((raw[:width] == GUARD_BYTE).all()) and bool((raw[-width:] == GUARD_BYTE).all())
-
-    def unchanged_since(self, before: torch.Tensor) -> bool:
-        return torch.equal(self.backing.view(torch.uint8), before)
 
 
 def page_at(start: int) -> torch.Tensor:
@@ -185,7 +154,6 @@ def test_host_indices_of_the_wrong_type_fail_the_call_by_name(ns, caplog, host_i
 def test_sidecar_pool_indices_are_checked_against_that_pool(ns, side_layout):
     """v2 transfers name slots of the sidecar pool (zero copy in page_first, flat pages in
     layer_first for a pool that has no zero-copy walk there): its own size bounds them."""
-    from test_sglang_plugin import PageFirstOnlyHost
 
     host = make_host_pool(side_layout, seed=1)
     side = Guarded(side_layout, seed=2, layers=1)
@@ -209,21 +177,23 @@ def test_sidecar_pool_indices_are_checked_against_that_pool(ns, side_layout):
 
 FAR_SCRIPT = r"""
 import json, sys, tempfile
-sys.path.insert(0, sys.argv[1])
 import torch
-import test_backend_hostile as t
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+from radixtier.testing.sglang_pools import PAGE, Guarded, attach, chain_keys, slots
 
+FAR, INFO = 1 << 40, HiCacheStorageExtraInfo(prefix_keys=[])
 out = []
-for engine in sys.argv[2:]:
-    pool = t.Guarded("page_first")
-    b = t.attach(pool.host, {"path": tempfile.mkdtemp() + "/ns.img", "capacity": "64MiB", "node_id": "n",
-                             "interface_v1": 1, "io_engine": engine})
-    keys = t.chain_keys(1, "far-" + engine)
-    stored = b.batch_set_v1(keys, t.slots(0, 1), t.INFO)
-    for index in (t.FAR, -t.FAR):
+for engine in sys.argv[1:]:
+    pool = Guarded("page_first")
+    b = attach(pool.host, {"path": tempfile.mkdtemp() + "/ns.img", "capacity": "64MiB", "node_id": "n",
+                           "interface_v1": 1, "io_engine": engine})
+    keys = chain_keys(1, "far-" + engine)
+    stored = b.batch_set_v1(keys, slots(0, 1), INFO)
+    for index in (FAR, -FAR):
         before = pool.snapshot()
-        got = b.batch_get_v1(keys, t.page_at(index), t.INFO)
-        put = b.batch_set_v1(t.chain_keys(1, "far-set-" + engine), t.page_at(index), t.INFO)
+        page = torch.arange(index, index + PAGE, dtype=torch.int64)
+        got = b.batch_get_v1(keys, page, INFO)
+        put = b.batch_set_v1(chain_keys(1, "far-set-" + engine), page, INFO)
         out.append({"engine": engine, "index": index, "stored": stored, "get": got, "set": put,
                     "held": len(b.store), "intact": pool.unchanged_since(before)})
     b.close()
@@ -234,8 +204,7 @@ print("RESULT " + json.dumps(out))
 def test_index_of_2_to_the_40_fails_the_call_on_both_engines(tmp_path):
     """Run apart: before the bounds check this index crashed the process (SIGSEGV) on both engines."""
     engines = ["threads"] + ([] if uring_unusable_reason() else ["io_uring"])
-    tests = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", FAR_SCRIPT, tests, *engines], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", FAR_SCRIPT, *engines], capture_output=True, text=True,
                           timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, f"rc {proc.returncode}: {proc.stderr[-3000:]}"
     results = json.loads(proc.stdout.split("RESULT ", 1)[1])
@@ -370,30 +339,11 @@ def test_a_long_bad_scheme_is_not_echoed_whole(tmp_path):
 def test_a_redis_url_that_is_not_redis_leaves_no_namespace_behind(tmp_path):
     """The namespace file is created before the index is reached: a start that then fails on the
     index (not Redis here; a duplicate live node_id alike) removes the file it created."""
-    import socket
-    import threading
+    from radixtier.testing.fake_servers import garbage_server
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-
-    def answer_garbage() -> None:
-        while True:
-            try:
-                c, _ = srv.accept()
-                c.recv(4096)
-                c.sendall(b"\x00\x01garbage\r\n")
-                c.close()
-            except OSError:
-                return
-
-    threading.Thread(target=answer_garbage, daemon=True).start()
+    port = garbage_server(b"\x00\x01garbage\r\n")
     path = tmp_path / "ns.img"
     host = make_host_pool("page_first")
-    try:
-        with pytest.raises(ConfigError, match=r"^redis_url: .* did not answer as Redis"):
-            attach(host, {"path": str(path), "capacity": "64MiB",
-                          "redis_url": f"redis://127.0.0.1:{srv.getsockname()[1]}/0"})
-    finally:
-        srv.close()
+    with pytest.raises(ConfigError, match=r"^redis_url: .* did not answer as Redis"):
+        attach(host, {"path": str(path), "capacity": "64MiB", "redis_url": f"redis://127.0.0.1:{port}/0"})
     assert not path.exists()

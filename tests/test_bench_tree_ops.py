@@ -4,16 +4,14 @@ match (a small cache, a few repetitions; nothing here is timed)."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import pytest
 
-from conftest import require_sglang
+from radixtier.testing.bench_scripts import load_bench
+from radixtier.testing.skips import require_sglang
 
 require_sglang("sglang.srt.mem_cache.radix_cache")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-import tree_ops  # noqa: E402
+tree_ops = load_bench("tree_ops")
 
 pytestmark = pytest.mark.sglang
 

@@ -14,29 +14,8 @@ from radixtier.storage.nvmeof.store import NvmeofPageStore
 from radixtier.storage.api import PutResult
 from radixtier.tiers import Tier
 
-from conftest import page_content
-
-NUMEL = 1024  # int32 elements per page: 4 KiB pages
-
-
-def make_cache(ns, store=None, **kw) -> TieredKVCache:
-    cfg = dict(page_size=ns.page_size, page_shape=(NUMEL,), dtype=torch.int32, device_pages=16,
-               host_pages=32, device="cpu")
-    cfg.update(kw)
-    return TieredKVCache(CacheConfig(**cfg), ns, store=store)
-
-
-def kv_for(ns, tokens, first_page=0):
-    keys = PageHasher(ns).chain(tokens)
-    return torch.stack([page_content(k, NUMEL) for k in keys[first_page:]])
-
-
-def check_prefix(cache, ns, tokens, result):
-    keys = PageHasher(ns).chain(tokens)[:result.num_pages]
-    got = cache.gather(result.device_slots)
-    for i, k in enumerate(keys):
-        assert torch.equal(got[i], page_content(k, NUMEL)), f"page {i} bytes differ"
-
+from radixtier.testing.cache import NUMEL, check_prefix, kv_for, make_cache
+from radixtier.testing.pages import page_content
 
 @pytest.fixture
 def store(ns_file):

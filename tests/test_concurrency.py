@@ -6,12 +6,11 @@ import random
 import threading
 
 import pytest
-import torch
 
 from radixtier.storage.nvmeof.store import NvmeofPageStore
 from radixtier.tiers import Tier
 
-from test_cache import NUMEL, check_prefix, kv_for, make_cache
+from radixtier.testing.cache import NUMEL, check_prefix, kv_for, make_cache
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])

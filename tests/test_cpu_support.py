@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from conftest import require_sglang
+from radixtier.testing.skips import require_sglang
 
 require_sglang("sglang.srt.mem_cache.hicache_storage")
 

@@ -199,7 +199,7 @@ def test_regions_are_cut_into_pieces_the_kernel_registers():
 def test_the_embedded_cache_reads_tier_3_into_its_registered_host_pool(ns4, ns_file):
     """TieredKVCache registers its host pool with the store: 256 KiB pages come back from tier 3 on
     fixed buffers, byte-exact; closing the cache takes the pool back from the store."""
-    from conftest import page_content
+    from radixtier.testing.pages import page_content
     from radixtier.cache import CacheConfig, TieredKVCache
     from radixtier.hashing import PageHasher
 

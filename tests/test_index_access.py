@@ -4,9 +4,6 @@ does not lead to Redis is a one-line error (real redis-server)."""
 
 from __future__ import annotations
 
-import http.server
-import socket
-import threading
 import time
 
 import pytest
@@ -14,9 +11,9 @@ import redis
 
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 
-from redis_server import RedisServer
-from test_redis_hardening import k, publish_chain
-from test_redis_index import index, rec, wait_for
+from radixtier.testing.redis_server import RedisServer
+from radixtier.testing.fake_servers import garbage_server, http_server
+from radixtier.testing.index import chain_key as k, index, publish_chain, rec, wait_for
 
 # Sent by the client library on connect, its refusal tolerated by it (the test below proves it: a
 # user without them starts); or only this test's own, to read the stats.
@@ -117,38 +114,10 @@ def test_publish_failures_show_in_health(server):
     a.close()
 
 
-def _http_server() -> int:
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd.server_address[1]
-
-
-def _garbage_server(reply: bytes) -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(16)
-
-    def run() -> None:
-        while True:
-            c, _ = s.accept()
-            try:
-                c.recv(4096)
-                c.sendall(reply)
-            except OSError:
-                pass
-
-    threading.Thread(target=run, daemon=True).start()
-    return s.getsockname()[1]
-
-
 @pytest.fixture(params=["http", "garbage", "ok-to-everything"])
 def not_redis(request) -> str:
-    port = {"http": _http_server, "garbage": lambda: _garbage_server(b"\x00\x01garbage\r\n"),
-            "ok-to-everything": lambda: _garbage_server(b"+OK\r\n" * 64)}[request.param]()
+    port = {"http": http_server, "garbage": lambda: garbage_server(b"\x00\x01garbage\r\n"),
+            "ok-to-everything": lambda: garbage_server(b"+OK\r\n" * 64)}[request.param]()
     return f"redis://127.0.0.1:{port}/0"
 
 

@@ -84,9 +84,9 @@ def test_bad_options_get_one_line_errors(args, message, capsys, monkeypatch):
 
 
 def test_a_url_that_is_not_redis_is_one_line(capsys):
-    from test_index_access import _garbage_server, _http_server
+    from radixtier.testing.fake_servers import garbage_server, http_server
 
-    for port in (_http_server(), _garbage_server(b"\x00\x01garbage\r\n")):
+    for port in (http_server(), garbage_server(b"\x00\x01garbage\r\n")):
         url = f"redis://127.0.0.1:{port}/0"
         for action in ("status", "gc"):
             assert cli_main(["index", action, "--url", url]) == 2

@@ -16,8 +16,7 @@ from radixtier.storage import validate
 from radixtier.storage.index.identity import default_node_id
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 
-from test_redis_hardening import publish_chain
-from test_redis_index import index, rec, wait_for
+from radixtier.testing.index import index, publish_chain, rec, wait_for
 
 
 def test_a_second_live_process_with_the_same_node_id_is_refused(redis_server):

@@ -10,8 +10,7 @@ import time
 import pytest
 import redis
 
-from test_redis_hardening import k, publish_chain
-from test_redis_index import index, rec, wait_for
+from radixtier.testing.index import chain_key as k, index, publish_chain, rec, wait_for
 
 
 def _problems(ix) -> str:

@@ -72,15 +72,12 @@ def test_record_tier_names_are_the_tier_labels():
 
 def test_implementations_satisfy_the_storage_protocols(tmp_path):
     """The protocols are complete, so callers never probe: every implementation has every method."""
-    import sys
-
     from radixtier.storage.api import PageStore, PrefixIndex
     from radixtier.storage.index.inprocess import InProcessIndex
     from radixtier.storage.index.redis_index import RedisPrefixIndex
     from radixtier.storage.nvmeof.store import NvmeofPageStore
 
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent.parent / "bench"))
-    from naive_store import OneFilePerPageStore
+    from radixtier.testing.naive_store import OneFilePerPageStore
 
     store = NvmeofPageStore(str(tmp_path / "ns.img"), 4096, create_bytes=4 << 20)
     naive = OneFilePerPageStore(str(tmp_path / "naive"), 4096, 8)
@@ -91,3 +88,44 @@ def test_implementations_satisfy_the_storage_protocols(tmp_path):
             assert callable(getattr(RedisPrefixIndex, name)), name
     finally:
         store.close()
+
+
+def test_the_tree_the_cache_and_rdma_import_nothing_from_the_nvmeof_backend():
+    """The eviction order and the page checksum live in neutral modules (storage/eviction.py,
+    storage/checksum.py) that the tree, the store and the RDMA transport import downward."""
+    mods = loaded_after("import radixtier.tree, radixtier.cache, radixtier.storage.rdma")
+    assert not {m for m in mods if m.startswith("radixtier.storage.nvmeof")}
+    assert {"radixtier.storage.eviction", "radixtier.storage.checksum"} <= mods
+
+
+def test_tests_and_benchmarks_share_support_by_package_not_by_path():
+    """Shared helpers live in radixtier.testing: no test or benchmark edits sys.path or imports a
+    test file, and the product never imports radixtier.testing."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for path in sorted([*root.glob("tests/*.py"), *root.glob("bench/*.py")]):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("insert", "append") and \
+                    isinstance(node.value, ast.Attribute) and node.value.attr == "path" and \
+                    isinstance(node.value.value, ast.Name) and node.value.value.id == "sys":
+                raise AssertionError(f"{path.name}:{node.lineno} edits sys.path")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("test_", "conftest")):
+                raise AssertionError(f"{path.name}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.Import) and any(a.name.startswith(("test_", "conftest")) for a in node.names):
+                raise AssertionError(f"{path.name}:{node.lineno} imports a test file")
+    mods = loaded_after("import radixtier, radixtier.cache, radixtier.cli, radixtier.storage.nvmeof.store, "
+                        "radixtier.storage.index.redis_index, radixtier.demo.server_demo")
+    assert not {m for m in mods if m.startswith("radixtier.testing")}
+
+
+def test_the_prefix_handle_does_not_import_the_planner_back():
+    """The planner makes handles; a handle reaches it through the PrefixLoader protocol only."""
+    import ast
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parent.parent / "radixtier" / "cache" / "handle.py"
+    imported = {n.module for n in ast.walk(ast.parse(src.read_text())) if isinstance(n, ast.ImportFrom)}
+    assert "radixtier.cache.planner" not in imported

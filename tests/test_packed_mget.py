@@ -11,7 +11,7 @@ import redis
 
 from radixtier.storage.index.packed_mget import Redirected, mget_command, packed_mget
 
-from redis_server import start_cluster
+from radixtier.testing.redis_server import start_cluster
 
 PREFIX = "radixtier:test:{%s}:p:"
 

@@ -87,10 +87,8 @@ def test_sglang_multiprocess_mode_reaches_sglang_metrics(tmp_path):
     mp_dir = tmp_path / "prom"
     mp_dir.mkdir()
     script = textwrap.dedent(f"""
-        import sys, torch
-        sys.path.insert(0, {HERE!r})
-        import dataclasses
-        from test_sglang_plugin import chain_keys, make_host_pool, slots, scramble, storage_config
+        import dataclasses, sys, torch
+        from radixtier.testing.sglang_pools import chain_keys, make_host_pool, slots, scramble, storage_config
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo, PoolName
         from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
         host = make_host_pool("page_first")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixtier.storage.nvmeof.layout import checksum
+from radixtier.storage.checksum import checksum
 from radixtier.storage.rdma import Endpoint, RdmaPageTransport, rdma_available
 
 OK, REASON = rdma_available()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 
@@ -12,19 +11,8 @@ import redis
 from radixtier.storage.index.records import encode_record
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 
-from redis_server import RedisServer
-from test_redis_index import index, rec, wait_for
-
-
-def k(i: int) -> bytes:
-    return hashlib.blake2b(f"h{i}".encode(), digest_size=16).digest()
-
-
-def publish_chain(ix: RedisPrefixIndex, first: int, n: int) -> list:
-    keys = [k(first + i) for i in range(n)]
-    ix.publish(keys[0], keys, [rec(ix.node_id, first + i) for i in range(n)])
-    assert ix.flush()
-    return keys
+from radixtier.testing.redis_server import RedisServer
+from radixtier.testing.index import chain_key as k, index, publish_chain, rec, wait_for
 
 
 @pytest.fixture

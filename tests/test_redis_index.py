@@ -20,39 +20,16 @@ import torch
 from radixtier.cache import CacheConfig, TieredKVCache
 from radixtier.hashing import KVNamespace, PageHasher
 from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
-from radixtier.storage.api import PageLocation
-from radixtier.storage.api import PageRecord
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 from radixtier.tiers import Tier
 
-from conftest import page_content
-from redis_server import RedisServer, free_port, start_cluster
-
-NS_UUID = "ab" * 16
+from radixtier.testing.pages import page_content
+from radixtier.testing.index import NS_UUID, index, rec, wait_for
+from radixtier.testing.redis_server import RedisServer, free_port, start_cluster
 
 
 def k(i: int) -> bytes:
     return hashlib.blake2b(str(i).encode(), digest_size=16).digest()
-
-
-def rec(node: str, slot: int) -> PageRecord:
-    return PageRecord(node, "storage", PageLocation(NS_UUID, slot, slot + 1, 4096, 7))
-
-
-def index(url: str, node: str, **kw) -> RedisPrefixIndex:
-    cfg = dict(url=url, node_id=node, namespace="test", heartbeat_s=0.2, node_ttl_s=1.0, gc_interval_s=0.5,
-               backoff_initial_s=0.05, backoff_max_s=0.5)
-    cfg.update(kw)
-    return RedisPrefixIndex(RedisIndexConfig(**cfg))
-
-
-def wait_for(cond, timeout=10.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return False
 
 
 def test_chain_lookup_returns_leading_run_in_one_round_trip(redis_server):
@@ -241,8 +218,7 @@ def test_counters_are_exact_under_concurrent_lookups():
 
 NODE_A = textwrap.dedent("""
     import sys, time, torch
-    sys.path.insert(0, {tests!r})
-    from conftest import page_content
+    from radixtier.testing.pages import page_content
     from radixtier.cache import CacheConfig, TieredKVCache
     from radixtier.hashing import KVNamespace, PageHasher
     from radixtier.storage.nvmeof.store import NvmeofPageStore
@@ -268,8 +244,7 @@ NODE_A = textwrap.dedent("""
 def test_two_nodes_share_pages_through_namespace_and_index(tmp_path, redis_server):
     path = str(tmp_path / "shared.img")
     format_namespace(path, 4096, capacity_bytes=16 << 20, partitions=2)
-    tests = os.path.dirname(__file__)
-    node_a = subprocess.Popen([sys.executable, "-c", NODE_A.format(tests=tests, path=path, url=redis_server.url)],
+    node_a = subprocess.Popen([sys.executable, "-c", NODE_A.format(path=path, url=redis_server.url)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert node_a.stdout.readline().strip() == "ready"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import argparse
@@ -20,7 +19,6 @@ from radixtier.storage.nvmeof.store import NvmeofPageStore  # noqa: E402
 from radixtier.demo.toymodel import ModelSpec, ToyLlama  # noqa: E402
 from radixtier.demo.workloads import agent_types, document_chat, multi_turn_chat  # noqa: E402
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +126,8 @@ def test_a_queued_request_reuses_what_ran_while_it_waited(model, tmp_path):
 
 
 def test_naive_baseline_store_round_trip_and_capacity(tmp_path):
-    sys.path.insert(0, BENCH)
-    try:
-        from naive_store import OneFilePerPageStore
-    finally:
-        sys.path.remove(BENCH)
+    from radixtier.testing.naive_store import OneFilePerPageStore
+
     s = OneFilePerPageStore(str(tmp_path / "files"), 4096, capacity_pages=3)
     keys = [bytes([i]) * 16 for i in range(4)]
     pages = [torch.full((1024,), i, dtype=torch.int32) for i in range(4)]
@@ -147,11 +142,9 @@ def test_naive_baseline_store_round_trip_and_capacity(tmp_path):
 
 def test_ttft_bench_paths_agree_with_recompute(tmp_path):
     """The benchmark's three paths, with emulated KV size: ballast never reaches the model."""
-    sys.path.insert(0, BENCH)
-    try:
-        import ttft
-    finally:
-        sys.path.remove(BENCH)
+    from radixtier.testing.bench_scripts import load_bench
+
+    ttft = load_bench("ttft")
     a = argparse.Namespace(model="tiny", page_size=16, device="cpu", queue_depth=8, workdir=str(tmp_path),
                            prefetch_window=1, kv_bytes_per_token=4096)
     b = ttft.Bench(a)

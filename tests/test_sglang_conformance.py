@@ -1,7 +1,7 @@
 """radixtier as SGLang uses it: driven through SGLang 0.5.23's own UnifiedRadixCache and controller.
 
 Nothing here calls RadixTierStorage directly: SGLang's controller threads do, from its own
-backup and prefetch paths (see tests/sglang_driver.py for the steps). The cache is built on CPU
+backup and prefetch paths (see radixtier/testing/sglang_driver.py for the steps). The cache is built on CPU
 pools with radixtier's CPU support layer; where CUDA is present that layer refuses to load, and
 tests/test_sglang_server.py covers SGLang on the GPU through its real server.
 Every K and V byte of every layer that SGLang loads back onto the device is checked.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import require_sglang  # noqa: E402
+from radixtier.testing.skips import require_sglang  # noqa: E402
 
-require_sglang("sglang_driver")
-from sglang_driver import SGLangNode  # noqa: E402
+require_sglang("radixtier.testing.sglang_driver")
+from radixtier.testing.sglang_driver import SGLangNode  # noqa: E402
 
 from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import subprocess
@@ -10,16 +9,13 @@ import sys
 import time
 
 import pytest
-import torch
 
-from conftest import require_sglang  # noqa: E402
+from radixtier.testing.skips import require_sglang  # noqa: E402
 
 require_sglang("sglang.srt.mem_cache.hicache_storage")
 
-from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageConfig, HiCacheStorageExtraInfo,  # noqa: E402
-                                                  PoolHitPolicy, PoolName, PoolTransfer)
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageExtraInfo, PoolHitPolicy, PoolName,  # noqa: E402
+                                                  PoolTransfer)
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 from radixtier.integrations.sglang.attach import index_node_id  # noqa: E402
@@ -27,75 +23,12 @@ from radixtier.integrations.sglang.backend import RadixTierStorage  # noqa: E402
 from radixtier.integrations.sglang.config import ConfigError  # noqa: E402
 from radixtier.integrations.sglang.keys import RankIdentity  # noqa: E402
 from radixtier.storage.nvmeof.layout import HEADER_BYTES  # noqa: E402
+from radixtier.testing.sglang_pools import (PAGE, PageFirstOnlyHost, attach, attach_with_sidecar,  # noqa: E402
+                                            chain_keys, make_host_pool, page_bytes, same_bytes, scramble, slots,
+                                            storage_config)
 
 pytestmark = pytest.mark.sglang
-PAGE = 16
 LAYOUTS = ("page_first", "layer_first")
-
-
-class PageFirstOnlyHost(MHATokenToKVPoolHost):
-    """Like SGLang's mamba/DSA host pools: the zero-copy walk raises outside page_first layouts."""
-
-    def get_page_buffer_meta(self, indices):
-        if self.layout != "page_first":
-            raise ValueError(f"Unsupported layout: {self.layout}")
-        return super().get_page_buffer_meta(indices)
-
-
-def make_host_pool(layout: str, seed: int = 0, layers: int = 4, cls=MHATokenToKVPoolHost) -> MHATokenToKVPoolHost:
-    dev = MHATokenToKVPool(256, PAGE, torch.bfloat16, 2, 64, layers, "cpu", False,
-                           start_layer=0, end_layer=layers, enable_alt_stream=False)
-    host = cls(dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, layout,
-               pin_memory=False, device="cpu", device_capacity_tokens=dev.size,
-               start_layer=0, end_layer=layers, write_back_staging=dev.hicache_write_back_staging)
-    g = torch.Generator().manual_seed(seed)
-    host.kv_buffer.view(torch.int16).copy_(torch.randint(-30000, 30000, host.kv_buffer.shape, generator=g,
-                                                         dtype=torch.int16))
-    return host
-
-
-def storage_config(extra: dict, tp_rank: int = 0, tp_size: int = 1, mla: bool = False, layout: str = "page_first",
-                   pp_rank: int = 0, pp_size: int = 1, dp_rank: int = 0) -> HiCacheStorageConfig:
-    base = {"backend_name": "radixtier", "module_path": "radixtier.integrations.sglang",
-            "class_name": "RadixTierStorage"}
-    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=0,
-                                attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
-                                is_page_first_layout=layout == "page_first", model_name="org/test-model",
-                                dp_rank=dp_rank, extra_config={**base, **extra})
-
-
-def attach(host, extra: dict, **kw) -> RadixTierStorage:
-    """What SGLang does: build through the factory (pool not passed), then register the pools."""
-    backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra, layout=host.layout, **kw), host)
-    backend.register_mem_pool_host(host)
-    backend.register_mem_host_pool_v2(host, PoolName.KV)
-    backend.on_host_pools_registered()
-    return backend
-
-
-def chain_keys(n: int, seed: str = "s") -> list:
-    keys, prev = [], seed
-    for i in range(n):
-        prev = hashlib.sha256(f"{prev}/{i}".encode()).hexdigest()
-        keys.append(prev)
-    return keys
-
-
-def slots(first_page: int, n: int) -> torch.Tensor:
-    return torch.arange(first_page * PAGE, (first_page + n) * PAGE, dtype=torch.int64)
-
-
-def page_bytes(host, page: int) -> bytes:
-    return host.get_data_page(page * PAGE, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.view(torch.uint8).numpy().tobytes() == b.view(torch.uint8).numpy().tobytes()  # random bf16 bits hold NaNs
-
-
-def scramble(host, first_page: int, n: int) -> None:
-    for p in range(first_page, first_page + n):
-        host.set_from_flat_data_page(p * PAGE, torch.zeros_like(host.get_dummy_flat_data_page()))
 
 
 @pytest.fixture
@@ -524,15 +457,6 @@ def test_dp_ranks_have_their_own_identity_and_partition(ns, redis_server):
     other.close()
 
 
-def attach_with_sidecar(host, side, name, extra: dict, **kw) -> RadixTierStorage:
-    b = StorageBackendFactory.create_backend("dynamic", storage_config(extra, layout=host.layout, **kw), host)
-    b.register_mem_pool_host(host)
-    b.register_mem_host_pool_v2(host, PoolName.KV)
-    b.register_mem_host_pool_v2(side, name)
-    b.on_host_pools_registered()
-    return b
-
-
 @pytest.mark.parametrize("pool, policy", [(PoolName.INDEXER, PoolHitPolicy.ALL_PAGES),
                                           (PoolName.SWA, PoolHitPolicy.TRAILING_PAGES)])
 def test_replicated_sidecar_found_through_the_index(ns, redis_server, pool, policy):
@@ -671,7 +595,7 @@ def test_broken_sglang_install_fails_in_ci(tmp_path, ci, fails):
 def test_cross_node_continuation_prefetch_whatever_prefix_keys_sglang_passes(ns, tmp_path, redis_kind):
     """SGLang's prefetch passes the anchor node's ancestors as prefix keys (None in batch_exists and
     [] in batch_get_v1 when the anchor hangs under the root): node B must still find node A's turns."""
-    from redis_server import RedisServer, start_cluster
+    from radixtier.testing.redis_server import RedisServer, start_cluster
 
     if redis_kind == "cluster":
         servers = start_cluster(str(tmp_path / "cluster"))

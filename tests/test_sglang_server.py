@@ -22,7 +22,7 @@ from typing import Dict, Iterator
 import pytest
 import requests
 
-from conftest import require_sglang
+from radixtier.testing.skips import require_sglang
 
 require_sglang("uvicorn")
 require_sglang("sglang.srt.mem_cache.hicache_storage")

@@ -20,7 +20,7 @@ from radixtier.storage.nvmeof.layout import BLOCK, HEADER_BYTES, FormatError
 from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
 from radixtier.storage.api import buffer_address
 
-from conftest import page_content
+from radixtier.testing.pages import page_content
 
 PAGE = 16 << 10  # bytes
 NUMEL = PAGE // 4
@@ -343,8 +343,7 @@ def test_plain_lru_mode_breaks_chains(tmp_path):
 
 WRITER = textwrap.dedent("""
     import hashlib, os, signal, sys, numpy as np, torch
-    sys.path.insert(0, {tests!r})
-    from conftest import page_content
+    from radixtier.testing.pages import page_content
     from radixtier.storage.nvmeof import store as nvmeof_store
     from radixtier.storage.nvmeof.store import NvmeofPageStore
     s = NvmeofPageStore({path!r}, {page}, create_bytes=32 << 20, partition={part}, node_id="writer")
@@ -373,8 +372,7 @@ WRITER = textwrap.dedent("""
 def _run_writer(path, wait_lines=None, start=0, crash_at=0, crash_in=""):
     """Keys the writer acknowledged before it died (killed from outside after wait_lines acks,
     or by itself inside `crash_in` during put number crash_at)."""
-    tests = os.path.dirname(__file__)
-    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(tests=tests, path=path, page=PAGE, part=0,
+    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(path=path, page=PAGE, part=0,
                                                                  numel=NUMEL, start=start, crash_at=crash_at,
                                                                  crash_in=crash_in)],
                             stdout=subprocess.PIPE, text=True)
@@ -427,8 +425,7 @@ def test_kill_between_data_and_table_loses_only_the_unfinished_batch(tmp_path, c
 
 READER = textwrap.dedent("""
     import json, sys, torch
-    sys.path.insert(0, {tests!r})
-    from conftest import page_content
+    from radixtier.testing.pages import page_content
     from radixtier.storage.nvmeof.store import NvmeofPageStore
     from radixtier.storage.api import PageLocation
     s = NvmeofPageStore({path!r}, {page}, partition=1, node_id="node-b")
@@ -450,7 +447,7 @@ def test_two_processes_share_one_namespace(tmp_path):
     a = NvmeofPageStore(path, PAGE, partition=0, node_id="node-a")
     a.put([key(i) for i in range(6)], [content(i) for i in range(6)])
     recs = [{"key": key(i).hex(), "loc": a.location(key(i)).__dict__} for i in range(6)]
-    out = subprocess.run([sys.executable, "-c", READER.format(tests=os.path.dirname(__file__), path=path,
+    out = subprocess.run([sys.executable, "-c", READER.format(path=path,
                                                               page=PAGE, numel=NUMEL)],
                          input=json.dumps(recs), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from radixtier.storage import validate
 from radixtier.storage.index.identity import default_node_id
 from radixtier.storage.index.redis_index import RedisIndexConfig
-from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST
+from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST
 from radixtier.storage.nvmeof.io_engine import ENGINES, MAX_QUEUE_DEPTH
 from radixtier.storage.nvmeof.layout import MAX_PARTITIONS
 from radixtier.storage.nvmeof.lease import check_timing, default_io_timeout_s

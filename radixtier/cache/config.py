@@ -9,7 +9,7 @@ import torch
 
 from radixtier.policies import PrefetchPolicy, WritePolicy, parse_enum
 from radixtier.pools import resolve_device
-from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST
+from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST
 
 
 @dataclass

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Protocol, Tuple, Union
 
 from radixtier.policies import PrefetchPolicy
 from radixtier.tiers import Tier
 from radixtier.tree import Node
-
-if TYPE_CHECKING:  # pragma: no cover
-    from radixtier.cache.planner import Planner
 
 
 @dataclass
@@ -39,13 +36,23 @@ class LoadResult:
     hits_by_tier: Dict[Tier, int] = field(default_factory=dict)  # tokens served per source tier
 
 
+class PrefixLoader(Protocol):
+    """What a handle needs from the code that made it (the planner): loading and releasing its
+    prefix. A protocol, so this module does not import the planner back."""
+
+    def load(self, handle: "PrefixHandle", policy: Union[str, PrefetchPolicy, None],
+             timeout: Optional[float]) -> LoadResult: ...
+
+    def release(self, handle: "PrefixHandle") -> None: ...
+
+
 class PrefixHandle:
     """A request's claim on its cached prefix. Pages stay locked (never evicted) until release().
 
     Owned by the serving thread that made it; its fields are written only by the planner, under
     the cache lock."""
 
-    def __init__(self, planner: "Planner", num_tokens: int) -> None:
+    def __init__(self, planner: PrefixLoader, num_tokens: int) -> None:
         self._planner = planner
         self.num_tokens = num_tokens
         self.locked: List[Node] = []

@@ -21,9 +21,8 @@ from __future__ import annotations
 import struct
 import uuid as uuid_mod
 
-import crc32c as _crc32c
-
 from radixtier.hashing import KEY_BYTES
+from radixtier.storage.checksum import checksum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -59,14 +58,6 @@ class FormatError(ValueError):
 
 def align_up(n: int, a: int = BLOCK) -> int:
     return (n + a - 1) // a * a
-
-
-def checksum(*chunks) -> int:
-    """CRC-32C (Castagnoli, hardware-accelerated, GIL released on large buffers) over the chunks."""
-    crc = 0
-    for c in chunks:
-        crc = _crc32c.crc32c(c, value=crc)
-    return crc & 0xFFFFFFFF
 
 
 @dataclass(frozen=True)

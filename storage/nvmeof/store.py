@@ -28,11 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.nvmeof.eviction import EVICTION_MODES, LEAVES_FIRST, PLAIN_LRU, EvictionOrder
+from radixtier.storage.checksum import checksum
+from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST, PLAIN_LRU, EvictionOrder
 from radixtier.storage.nvmeof.io_engine import (IOV_MAX, MAX_QUEUE_DEPTH, IOOp, aligned_buffer, deadline_check_reason,
                                                 make_engine)
 from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, FREE_ENTRY, HEADER_BYTES, KEY_BYTES, FormatError,
-                                             SlotHeader, Superblock, TableEntry, align_up, checksum)
+                                             SlotHeader, Superblock, TableEntry, align_up)
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, PartitionLease, check_timing, default_io_timeout_s
 from radixtier.storage.nvmeof.reading import PagesInRead
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_address, buffer_view

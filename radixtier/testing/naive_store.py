@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.nvmeof.eviction import LEAVES_FIRST, EvictionOrder
+from radixtier.storage.eviction import LEAVES_FIRST, EvictionOrder
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_view
 
 

@@ -1,0 +1,21 @@
+"""Skipping a test module whose optional dependency is missing -- except under CI, where a broken
+install must fail the run instead of passing as "skipped"."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+
+
+def require_sglang(module: str) -> None:
+    """Import `module` (which needs sglang 0.5.23) or skip the calling test module; under CI a broken
+    install fails the run instead of passing as "skipped"."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"CI=true: sglang 0.5.23 does not import ({exc}); "
+                               f"bash scripts/setup.sh --test installs it") from exc
+        pytest.skip(f"needs sglang 0.5.23 (bash scripts/setup.sh --test): {exc}", allow_module_level=True)
