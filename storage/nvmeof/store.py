@@ -281,8 +281,9 @@ class NvmeofPageStore:
         lease.acquire()  # before anything is read or written: a held partition is refused here
         self._lease = lease
         self._engine = make_engine(io_engine, queue_depth)
-        if deadline_check_reason():
-            log.warning("radixtier: %s", deadline_check_reason())
+        unchecked = deadline_check_reason()
+        if unchecked:
+            log.warning("radixtier: %s", unchecked)
         self.io_engine = self._engine.name
         self.direct = self._t.direct
         self._native = self._engine.native_pages
@@ -580,6 +581,10 @@ class NvmeofPageStore:
             self.counters.bounced += 1
         try:
             deadline = self._lease.write_deadline()
+        except OSError as exc:
+            self._refuse_planned(plan, exc)
+            return
+        try:
             results = self._run_coalesced(True, ops, deadline=deadline)
         except OSError as exc:
             if exc.errno != errno.ETIME:
@@ -628,10 +633,8 @@ class NvmeofPageStore:
         gens = self._generations(len(plan))
         try:
             deadline = self._lease.write_deadline()
-        except OSError as exc:  # put()'s check passed, the deadline has since: nothing is written
-            self._fenced_during_write(len(plan), exc)
-            with self._lock:
-                self._free.extend(slot for _i, _key, _parent, slot, _sg in plan)
+        except OSError as exc:
+            self._refuse_planned(plan, exc)
             return
         status, sums, entries, err = self._engine.write_pages(
             batch, self._t.fd, self.sb.data_offset, self.sb.slot_bytes, self._uuid_bytes,
@@ -647,6 +650,16 @@ class NvmeofPageStore:
             os.fdatasync(self._t.fd)
         placed = [(slot, gens[j], lengths[i], sums[j], parent) for j, (i, _key, parent, slot, _sg) in enumerate(plan)]
         self._commit_written(plan, entries, placed, [st == 0 for st in status], ok)
+
+    def _refuse_planned(self, plan: list, exc: OSError) -> None:
+        """put()'s check passed but no write may be issued now (the lease's deadline passed, or it
+        was lost): nothing of the batch is written. Its slots go back free with their in-memory
+        entries cleared (an evicted victim's included), so no later flush writes a stale entry."""
+        self._fenced_during_write(len(plan), exc)
+        with self._lock:
+            for _i, _key, _parent, slot, _sg in plan:
+                self._set_entry(slot, FREE_ENTRY)
+                self._free.append(slot)
 
     def _fenced_during_write(self, pages: int, exc: OSError) -> None:
         """The lease's deadline passed (or it was lost) between put()'s check and the writes."""
