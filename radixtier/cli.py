@@ -107,6 +107,7 @@ def _human_bytes(n) -> str:
 def _cmd_index(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from radixtier.storage.index.redis_admin import collect_all_garbage, ensure_reachable, fleet_status
     from radixtier.storage.index.redis_index import RedisPrefixIndex
 
     if a.action is None:
@@ -116,16 +117,16 @@ def _cmd_index(a: argparse.Namespace) -> int:
     logging.getLogger("radixtier.storage.redis").setLevel(logging.ERROR)  # errors come back as one line
     index = RedisPrefixIndex(_index_config(a), serve=False)
     try:
-        index.ensure_reachable()
+        ensure_reachable(index)
         if a.action == "gc":
-            removed = index.collect_all_garbage()
+            removed = collect_all_garbage(index)
             out = {"removed_pages": removed, "repaired": index.registry_problems()}  # bad registry data met
             print(json.dumps(out) if a.json else f"removed the records of {removed} page(s) of dead nodes")
             if not a.json:
                 _print_problems("repaired", out["repaired"])
             return 0
         with tqdm(desc="nodes", unit="node", file=sys.stderr, delay=1.0, disable=a.json) as bar:
-            rep = index.fleet_status(check=a.check, progress=bar.update)
+            rep = fleet_status(index, check=a.check, progress=bar.update)
     finally:
         index.close()
     if a.json:

@@ -22,6 +22,13 @@ still holds. Such a key is evicted before any other, even with children present,
 its prefix stays reachable through the faster tier (which writes it back down when it lets
 go, see TieredKVCache). Plain-LRU mode ignores the mark: it is the baseline.
 
+"Do not evict" is one mechanism, the pin, in two forms with one meaning (never a victim while
+pinned; `is_pinned` asks both): `pin`/`unpin` count per key (the tree's lock references: a few
+keys, held for a request's life), and `pin_batch`/`unpin_batch` pin a whole batch as one set (a
+store's read in flight: thousands of keys for microseconds, where counting per key was two Python
+loops on the read path). A batch-pinned key stays on its heap; `next_victim` passes over it (and
+touches it: it is being read, so it is recent). `hold` is not a pin: it marks a key to go *first*.
+
 A removed key whose children are still present is *detached*: it keeps its id (and its child
 count) so the children rejoin it if it returns; its id is freed when its last child leaves. So a
 parent id always names a present or detached key, never a freed or reused id.
@@ -87,6 +94,8 @@ class EvictionOrder:
         self._num_listed = 0  # live items in both heaps
         self._clock = itertools.count(1)
         self._tokens = itertools.count(1)
+        self._batches: Dict[int, frozenset] = {}  # pin_batch token -> its keys
+        self._next_batch = 0
 
     # -- queries -----------------------------------------------------------------------
     def __contains__(self, key: Hashable) -> bool:
@@ -139,6 +148,42 @@ class EvictionOrder:
                     return self._keys[i]
                 heapq.heappop(heap)
         return None
+
+    def next_victim(self) -> Optional[Hashable]:
+        """peek_victim, passing over batch-pinned keys (each touched, so the next in line comes up);
+        None when every candidate is pinned."""
+        victim = self.peek_victim()
+        for _ in range(sum(map(len, self._batches.values()))):
+            if victim is None or not self._in_batch(victim):
+                break
+            self.touch(victim)
+            victim = self.peek_victim()
+        return None if victim is None or self._in_batch(victim) else victim
+
+    # -- do not evict (see the module docstring) --------------------------------------------
+    def is_pinned(self, key: Hashable) -> bool:
+        i = self._ids.get(key)
+        return (i is not None and self._pins[i] > 0) or self._in_batch(key)
+
+    def pin_batch(self, keys) -> int:
+        """Pin every key of a batch at once (present or not); returns the token unpin_batch takes."""
+        token = self._next_batch
+        self._next_batch += 1
+        self._batches[token] = frozenset(keys)
+        return token
+
+    def unpin_batch(self, token: int) -> None:
+        del self._batches[token]
+
+    def batch_pins(self) -> int:
+        """Keys batch-pinned now, counting a key once per batch that holds it (a bound, not a census)."""
+        return sum(map(len, self._batches.values()))
+
+    def _in_batch(self, key: Hashable) -> bool:
+        for keys in self._batches.values():  # as many as concurrent reads: a handful
+            if key in keys:
+                return True
+        return False
 
     # -- updates -----------------------------------------------------------------------
     def add(self, key: Hashable, parent: Optional[Hashable] = None, pinned: bool = False) -> None:

@@ -97,6 +97,29 @@ def test_store_options_refuse_non_integers(tmp_path, kw, field):
         NvmeofPageStore(str(tmp_path / "ns.img"), page_bytes, **args)
 
 
+def test_store_config_is_one_validated_object(tmp_path):
+    """The store's settings are a frozen StoreConfig: checked once when made, overridable per open,
+    and an unknown option is refused by name (never silently ignored)."""
+    import dataclasses
+
+    from radixtier.storage.nvmeof.config import StoreConfig
+
+    with pytest.raises(ValueError, match=r"^eviction: expected one of"):
+        StoreConfig(eviction="mru")
+    with pytest.raises(ValueError, match=r"^lease_s: "):
+        StoreConfig(lease_s=1.0, lease_io_timeout_s=1.0)  # a lease must outlast 8 I/O bounds
+    cfg = StoreConfig(io_engine="threads", queue_depth=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.queue_depth = 8  # type: ignore[misc]
+    path = str(tmp_path / "ns.img")
+    with pytest.raises(TypeError, match="unknown option 'queue_dpeth'"):
+        NvmeofPageStore(path, PAGE, create_bytes=8 << 20, queue_dpeth=4)
+    assert not os.path.exists(path)  # refused before anything was created
+    s = NvmeofPageStore(path, PAGE, create_bytes=8 << 20, config=cfg, queue_depth=2)
+    assert (s.config.queue_depth, s.config.io_engine, s.io_engine) == (2, "threads", "threads")
+    s.close()
+
+
 @pytest.mark.parametrize("text", ["1.5", "0.3KiB", "1" + "0" * 400, "9999999TiB", "0"])
 def test_sizes_are_whole_bytes_in_range(text):
     with pytest.raises(ValueError, match="expected a"):

@@ -95,14 +95,14 @@ def test_a_user_without_script_exists_publishes(server):
 
 def test_publish_failures_show_in_health(server):
     a = index(server.url, "node-a")
-    real, failing = a._apply, [True]
+    real, failing = a._publisher.apply_batch, [True]
 
     def broken(ops):
         if failing[0]:
             raise redis.ResponseError("ERR Error running script (call to f_1234): @user_script:1: boom")
         return real(ops)
 
-    a._apply = broken
+    a._publisher.apply_batch = broken
     a.publish(k(0), [k(0)], [rec("node-a", 0)])
     assert wait_for(lambda: a.health()["publish_failures"] > 0)
     h = a.health()

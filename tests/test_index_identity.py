@@ -89,7 +89,7 @@ def test_a_duplicate_that_slipped_in_shows_in_health_and_logs_once(redis_server,
 
     def other_process() -> None:  # another process beating as node-a
         while not stop.is_set():
-            raw.set(a._node_key("node-a"), f"node-a|{time.time():.3f}|intruder", px=1000)
+            raw.set(a._keys.node("node-a"), f"node-a|{time.time():.3f}|intruder", px=1000)
             stop.wait(0.05)
 
     t = threading.Thread(target=other_process)

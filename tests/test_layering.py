@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from radixtier.testing.imports import cycles, import_graph, modules
+
 
 def loaded_after(code: str) -> set:
     """Module names loaded by a fresh interpreter after running `code`."""
@@ -129,3 +131,107 @@ def test_the_prefix_handle_does_not_import_the_planner_back():
     src = pathlib.Path(__file__).resolve().parent.parent / "radixtier" / "cache" / "handle.py"
     imported = {n.module for n in ast.walk(ast.parse(src.read_text())) if isinstance(n, ast.ImportFrom)}
     assert "radixtier.cache.planner" not in imported
+
+
+# ---------------------------------------------------------------------------- the house's shape
+# modules allowed past MAX_MODULE_LINES, each with the reason it stays whole
+MAX_MODULE_LINES = 600
+LONG_MODULES: dict = {}
+
+
+def test_the_loop_finder_finds_a_loop():
+    """The check below can fail: a two-module loop, and one through TYPE_CHECKING, are found."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_loops_anywhere():
+    """No module of radixtier, radixtier.storage or radixtier.integrations reaches itself through
+    imports, counting function-level and TYPE_CHECKING imports."""
+    loops = cycles(import_graph(modules()))
+    assert not loops, f"import loops: {loops}"
+
+
+def test_no_module_is_long_without_a_stated_reason():
+    mods = modules()
+    long = {name: len(path.read_text().splitlines()) for name, path in mods.items()
+            if len(path.read_text().splitlines()) > MAX_MODULE_LINES and name not in LONG_MODULES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them, or state why in LONG_MODULES): {long}"
+
+
+def test_the_store_config_is_embedded_not_copied():
+    """The SGLang backend's config holds the page store's StoreConfig, and re-declares none of its
+    fields; extra_config keys of the same names fill it."""
+    import dataclasses
+
+    from radixtier.storage.nvmeof.config import StoreConfig
+
+    try:
+        from radixtier.integrations.sglang.config import BackendConfig
+    except ImportError as exc:  # pragma: no cover - needs the redis package only
+        pytest.skip(str(exc))
+    own = {f.name for f in dataclasses.fields(BackendConfig)}
+    store_fields = {f.name for f in dataclasses.fields(StoreConfig)}
+    assert not own & store_fields, own & store_fields
+    assert isinstance(BackendConfig().store, StoreConfig)
+    cfg = BackendConfig.from_extra_config({"path": "/tmp/x.img", "queue_depth": 8, "io_engine": "threads"})
+    assert (cfg.store.queue_depth, cfg.store.io_engine) == (8, "threads")
+    assert store_fields <= BackendConfig.keys()
+
+
+def test_opening_a_namespace_reads_its_superblock_once(tmp_path, monkeypatch):
+    """The page store and the SGLang attach step used to read the superblock, plan the layout and
+    test "fresh file" each on their own: now the namespace is opened once and handed over."""
+    from radixtier.storage.nvmeof import layout
+    from radixtier.storage.nvmeof.store import NvmeofPageStore
+
+    calls = {"unpack": 0, "plan": 0}
+    real_unpack, real_plan = layout.Superblock.unpack, layout.Superblock.plan
+
+    def unpack(block, where):
+        calls["unpack"] += 1
+        return real_unpack(block, where)
+
+    def plan(*args, **kwargs):
+        calls["plan"] += 1
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(layout.Superblock, "unpack", staticmethod(unpack))
+    monkeypatch.setattr(layout.Superblock, "plan", staticmethod(plan))
+    path = str(tmp_path / "ns.img")
+    NvmeofPageStore(path, 4096, create_bytes=4 << 20).close()
+    assert calls == {"unpack": 0, "plan": 1}  # created: planned once, nothing read back
+    calls.update(unpack=0, plan=0)
+    NvmeofPageStore(path).close()
+    assert calls == {"unpack": 1, "plan": 0}
+    try:
+        from radixtier.integrations.sglang.attach import open_partition
+        from radixtier.integrations.sglang.config import BackendConfig
+    except ImportError as exc:  # pragma: no cover
+        pytest.skip(str(exc))
+    calls.update(unpack=0, plan=0)
+    cfg = BackendConfig.from_extra_config({"path": path})
+    open_partition(cfg, 4096, 0, "n").close()
+    assert calls == {"unpack": 1, "plan": 0}
+    calls.update(unpack=0, plan=0)
+    fresh = BackendConfig.from_extra_config({"path": str(tmp_path / "new.img"), "capacity": "8MiB", "partitions": 2})
+    open_partition(fresh, 4096, 1, "n").close()
+    assert calls == {"unpack": 0, "plan": 1}
+
+
+def test_the_index_operator_tools_are_loaded_by_the_cli_only():
+    """fleet status, bad-entry counts and collect-all-garbage live in redis_admin, which the
+    serving path (the index itself, the embedded cache, the SGLang backend) never loads."""
+    import ast
+    import pathlib
+
+    mods = loaded_after("import radixtier.storage.index.redis_index, radixtier.cache, "
+                        "radixtier.integrations.sglang.attach, radixtier.integrations.sglang.config")
+    assert "radixtier.storage.index.redis_index" in mods
+    assert "radixtier.storage.index.redis_admin" not in mods
+    importers = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(pathlib.Path(path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "radixtier.storage.index.redis_admin":
+                importers.append(name)
+    assert importers == ["radixtier.cli"], importers

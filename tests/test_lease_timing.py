@@ -417,7 +417,7 @@ def test_the_sglang_backend_takes_and_checks_the_lease_timing():
     from radixtier.integrations.sglang.config import BackendConfig, ConfigError
 
     cfg = BackendConfig.from_extra_config({"path": "/nonexistent/ns.img", "lease_s": 4, "lease_io_timeout_s": 0.5})
-    assert (cfg.lease_s, cfg.lease_io_timeout_s) == (4.0, 0.5)
+    assert (cfg.store.lease_s, cfg.store.lease_io_timeout_s) == (4.0, 0.5)
     with pytest.raises(ConfigError, match=r"^lease_s: expected a number of seconds from 4 to 3600, got 1\.0$"):
         BackendConfig.from_extra_config({"path": "/nonexistent/ns.img", "lease_s": 1, "lease_io_timeout_s": 0.5})
     with pytest.raises(ConfigError, match=r"^lease_io_timeout_s: expected"):
@@ -442,13 +442,13 @@ def test_a_close_with_a_put_still_running_then_a_reopen_here_loses_nothing(tmp_p
 
     s1 = NvmeofPageStore(path, PAGE, create_bytes=8 << 20, lease_s=1.6, lease_io_timeout_s=0.1)
     assert all(s1.put([key(i) for i in range(4)], [page(i) for i in range(4)]).ok)
-    real = s1._flush_table
+    real = s1._slots.flush
 
     def slow(blocks):
         time.sleep(1.0)  # a put slowed in Python (a GC pause, the GIL) after its data landed
         return real(blocks)
 
-    s1._flush_table = slow
+    s1._slots.flush = slow  # the slot table's flush, which a put runs after its data landed
     late = []
     t = threading.Thread(target=lambda: late.append(s1.put([key(i) for i in (10, 11)], [page(10), page(11)]).ok))
     t.start()

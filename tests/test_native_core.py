@@ -260,15 +260,18 @@ def test_a_read_the_ring_never_ran_is_a_miss_and_keeps_the_page(tmp_path, monkey
 
 def test_a_page_two_reads_hold_stays_held_until_both_end():
     """Pages in read are kept per read: one read ending must not free a page another still reads."""
-    from radixtier.storage.nvmeof.reading import PagesInRead
+    from radixtier.storage.eviction import EvictionOrder
 
-    r = PagesInRead()
-    a = r.begin([key(1), key(2)])
-    b = r.begin([key(2), key(3)])
-    r.end(a)
-    assert key(1) not in r and key(2) in r and key(3) in r
-    r.end(b)
-    assert key(2) not in r and len(r) == 0
+    r = EvictionOrder()
+    for k in (key(1), key(2), key(3)):
+        r.add(k)
+    a = r.pin_batch([key(1), key(2)])
+    b = r.pin_batch([key(2), key(3)])
+    r.unpin_batch(a)
+    assert not r.is_pinned(key(1)) and r.is_pinned(key(2)) and r.is_pinned(key(3))
+    assert r.next_victim() == key(1)
+    r.unpin_batch(b)
+    assert not r.is_pinned(key(2)) and r.batch_pins() == 0
 
 
 @pytest.mark.parametrize("engine", ["threads", "io_uring"])
@@ -310,3 +313,25 @@ def test_a_read_of_present_missing_and_corrupt_pages_answers_each_in_its_place(t
         assert torch.equal(out[asked.index(i)], content(i))
     assert s.exists([key(4)]) == [False] and s.counters.corrupt_checksum == 1 and s.counters.misses == 3
     s.close()
+
+
+def test_the_native_core_is_refused_when_its_constants_are_not_pythons():
+    """Format constants and status codes have one definition each in Python (layout.NATIVE_LAYOUT,
+    status.PageStatus); the C build exports what it was compiled with and a mismatch is refused."""
+    import types
+
+    from radixtier.storage.nvmeof.io_engine import native_mismatch
+    from radixtier.storage.nvmeof.layout import NATIVE_LAYOUT
+    from radixtier.storage.nvmeof.status import PageStatus
+
+    statuses = {s.name: s.value for s in PageStatus}
+    assert native_mismatch(types.SimpleNamespace(LAYOUT=dict(NATIVE_LAYOUT), STATUS=dict(statuses))) == ""
+    assert "ENTRY_BODY" in native_mismatch(types.SimpleNamespace(LAYOUT={**NATIVE_LAYOUT, "ENTRY_BODY": 56},
+                                                                 STATUS=statuses))
+    assert "STALE" in native_mismatch(types.SimpleNamespace(LAYOUT=NATIVE_LAYOUT, STATUS={**statuses, "STALE": 6}))
+    assert "LAYOUT" in native_mismatch(types.SimpleNamespace())  # a build older than the exported dicts
+    try:
+        from radixtier.storage.nvmeof import _uring
+    except ImportError:
+        pytest.skip("the io_uring extension is not built here")
+    assert native_mismatch(_uring) == ""  # this build agrees

@@ -72,7 +72,7 @@ def test_an_oversized_value_does_not_switch_lookups_off(redis_server):
     bad = publish_chain(a, 0, 4)
     good = publish_chain(a, 100, 4)
     raw = redis.Redis.from_url(redis_server.url)
-    raw.set(b._page_key(bad[0], bad[1]), b"\0" * (64 << 20))  # 64 MiB in one page's value
+    raw.set(b._keys.page(bad[0], bad[1]), b"\0" * (64 << 20))  # 64 MiB in one page's value
     for _ in range(5):
         assert len(b.lookup(bad[0], bad)) <= 1  # never a record from the oversized value
         # answered (a stall of a loaded machine may cost one try its 50 ms budget: that is a chain
@@ -93,10 +93,10 @@ def test_a_page_held_by_many_nodes_returns_a_bounded_sample(redis_server):
 
     pipe = raw.pipeline(transaction=False)
     for node in holders:
-        pipe.set(b._node_key(node), "alive", px=60_000)
-        pipe.sadd(f"{b._prefix}:{{nodes}}:all", node)
+        pipe.set(b._keys.node(node), "alive", px=60_000)
+        pipe.sadd(f"{b._keys.prefix}:{{nodes}}:all", node)
     for i, key in enumerate(keys):  # 64 holders per page: written directly (writers keep at most 16)
-        pipe.set(b._page_key(keys[0], key), b"".join(node_field(node) + encode_record(rec(node, i * 64 + j))
+        pipe.set(b._keys.page(keys[0], key), b"".join(node_field(node) + encode_record(rec(node, i * 64 + j))
                                                      for j, node in enumerate(holders)))
     pipe.execute()
     seen = set()
@@ -114,7 +114,7 @@ def test_a_node_set_full_of_junk_ids_does_not_stall_lookups_or_gc(redis_server):
     a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
     keys = publish_chain(a, 0, 8)
     raw = redis.Redis.from_url(redis_server.url)
-    all_key = f"{b._prefix}:{{nodes}}:all"
+    all_key = f"{b._keys.prefix}:{{nodes}}:all"
     for start in range(0, 300_000, 10_000):
         raw.sadd(all_key, *[f"fake{i}" for i in range(start, start + 10_000)])
     for _ in range(20):
@@ -132,13 +132,13 @@ def test_root_pointers_of_pages_nobody_holds_are_deleted(redis_server):
     a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
     keys = publish_chain(a, 0, 4)
     raw = redis.Redis.from_url(redis_server.url)
-    assert all(raw.exists(a._root_ptr_key(k)) for k in keys)
+    assert all(raw.exists(a._keys.root_ptr(k)) for k in keys)
     assert len(b.lookup(None, keys[1:])) == 3  # no prefix keys: the root comes from the pointer
     b.publish(keys[0], keys[:1], [rec("node-b", 0)])  # node B holds page 0 too
     assert b.flush()
     a.unpublish(keys)
     assert a.flush()
-    assert raw.exists(a._root_ptr_key(keys[0]))  # still held by B: its pointer stays
-    assert not any(raw.exists(a._root_ptr_key(k)) for k in keys[1:])
+    assert raw.exists(a._keys.root_ptr(keys[0]))  # still held by B: its pointer stays
+    assert not any(raw.exists(a._keys.root_ptr(k)) for k in keys[1:])
     a.close()
     b.close()

@@ -70,7 +70,7 @@ def test_malformed_records_are_rejected(redis_server):
     assert a.flush()
     assert wait_for(lambda: len(b.lookup(keys[0], keys)) == 3)
     raw = redis.Redis.from_url(redis_server.url)
-    page1 = a._page_key(keys[0], keys[1])
+    page1 = a._keys.page(keys[0], keys[1])
     good = encode_record(rec("node-a", 1))
     for bad in (b"\x09" + good[1:],  # unknown version
                 good[:1] + b"\x07" + good[2:],  # unknown tier
@@ -346,7 +346,7 @@ def test_a_failing_batch_is_retried_not_lost(redis_server):
     """A server error that is not a lost connection (a cluster mid-election) must not drop updates."""
     a = index(redis_server.url, "node-a")
     b = index(redis_server.url, "node-b")
-    real, failures = a._apply, [3]
+    real, failures = a._publisher.apply_batch, [3]
 
     def flaky(ops):
         if failures[0]:
@@ -354,7 +354,7 @@ def test_a_failing_batch_is_retried_not_lost(redis_server):
             raise redis.ResponseError("CLUSTERDOWN The cluster is down")
         return real(ops)
 
-    a._apply = flaky
+    a._publisher.apply_batch = flaky
     keys = [k(900 + i) for i in range(4)]
     a.publish(keys[0], keys, [rec("node-a", i) for i in range(4)])
     assert a.flush(10)
@@ -371,11 +371,12 @@ def _raw_keys(url: str, node: str) -> tuple:
 def test_publish_then_unpublish_in_one_batch_leaves_nothing(redis_server):
     a, b = index(redis_server.url, "node-a"), index(redis_server.url, "node-b")
     key = k(500)
-    a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,))])  # one drained batch
+    a._publisher.apply_batch([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,))])  # one drained batch
     raw, owned = _raw_keys(redis_server.url, "node-a")
-    assert not raw.exists(a._page_key(key, key))  # nothing published remains
-    assert not raw.exists(a._root_ptr_key(key)) and raw.hlen(owned) == 0
-    a._apply([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,)), ("pub", (key, key, rec("node-a", 2)))])
+    assert not raw.exists(a._keys.page(key, key))  # nothing published remains
+    assert not raw.exists(a._keys.root_ptr(key)) and raw.hlen(owned) == 0
+    a._publisher.apply_batch([("pub", (key, key, rec("node-a", 1))), ("unpub", (key,)),
+                              ("pub", (key, key, rec("node-a", 2)))])
     assert [r[0].location.slot for r in b.lookup(key, [key])] == [2]
     assert raw.hget(owned, key.hex()) == key.hex().encode()
     b.close()
@@ -434,17 +435,17 @@ def test_server_errors_during_lookup_mean_redis_is_down(redis_server, reply):
     keys = [k(700 + i) for i in range(2)]
     b.publish(keys[0], keys, [rec("node-b", i) for i in range(2)])
     assert b.flush()
-    real, calls = b._fetch_values, [0]
+    real, calls = b._lookups.fetch_values, [0]
 
     def failing(*_args):
         calls[0] += 1
         raise BaseParser.parse_error(reply)  # exactly what redis-py raises for that server reply
 
-    b._fetch_values = failing
+    b._lookups.fetch_values = failing
     assert b.lookup(keys[0], keys, exclude_self=False) == []  # no exception reaches the caller
     assert not b.up and b.counters["lookup_failures"] == 1
     assert b.lookup(keys[0], keys, exclude_self=False) == [] and calls[0] == 1  # backing off: Redis not asked
-    b._fetch_values = real
+    b._lookups.fetch_values = real
     assert wait_for(lambda: len(b.lookup(keys[0], keys, exclude_self=False)) == 2)
     assert b.up
     b.close()

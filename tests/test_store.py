@@ -245,7 +245,8 @@ def _fail_writes(s: NvmeofPageStore, monkeypatch) -> None:
         monkeypatch.setattr(s._engine, "write_pages", lambda batch, fd, d, sb, u, plan, c, direct, deadline=None:
                             (b"\x01" * len(plan), [0] * len(plan), bytes(64 * len(plan)), 5))
     else:
-        monkeypatch.setattr(s, "_run_coalesced", lambda write, ops, on_done=None, deadline=None: [False] * len(ops))
+        monkeypatch.setattr(s._io, "_run_coalesced",
+                            lambda write, ops, on_done=None, deadline=None: ([False] * len(ops), 5))
 
 
 @pytest.mark.parametrize("engine", ["threads", "io_uring"])
@@ -289,7 +290,7 @@ def test_restart_recovers_index(target):
     assert all(s.get([key(i) for i in range(10)], out))
     assert all(torch.equal(out[i], content(i)) for i in range(10))
     # the chain structure came back too: the leaf goes first
-    assert s._order.peek_victim() == key(9)
+    assert s._slots.order.peek_victim() == key(9)
     s.close()
 
 
@@ -346,11 +347,12 @@ WRITER = textwrap.dedent("""
     from radixtier.testing.pages import page_content
     from radixtier.storage.nvmeof import store as nvmeof_store
     from radixtier.storage.nvmeof.store import NvmeofPageStore
+    from radixtier.storage.nvmeof.slots import SlotTable
     s = NvmeofPageStore({path!r}, {page}, create_bytes=32 << 20, partition={part}, node_id="writer")
     crash_at, crash_in = {crash_at}, {crash_in!r}
     puts = 0
     if crash_in:  # die exactly at one step of a put: SIGKILL, as an OOM kill or kill -9 would
-        target = nvmeof_store.os if crash_in == "fdatasync" else NvmeofPageStore
+        target = nvmeof_store.os if crash_in == "fdatasync" else SlotTable  # flush: the slot table's write
         real = getattr(target, crash_in)
         def dying(*a, **k):
             if puts == crash_at:
@@ -412,7 +414,7 @@ def test_kill_9_during_writes_recovers_every_completed_page(tmp_path):
         _recovered_pages_are_intact(path, acked)
 
 
-@pytest.mark.parametrize("crash_in", ["fdatasync", "_flush_table"])
+@pytest.mark.parametrize("crash_in", ["fdatasync", "flush"])
 def test_kill_between_data_and_table_loses_only_the_unfinished_batch(tmp_path, crash_in):
     """Killed after the data is written but before its table entries are: on restart the batch
     in flight does not exist (no partial page), and every acknowledged one does."""

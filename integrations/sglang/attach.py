@@ -16,8 +16,9 @@ import threading
 from typing import Dict
 
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError
-from radixtier.storage.nvmeof.layout import FormatError
-from radixtier.storage.nvmeof.store import NvmeofPageStore, read_superblock
+from radixtier.storage.nvmeof.layout import FormatError, Superblock
+from radixtier.storage.nvmeof.namespace import open_namespace
+from radixtier.storage.nvmeof.store import NvmeofPageStore
 from radixtier.storage.api import PrefixIndex
 from radixtier.storage.index.inprocess import InProcessIndex, InProcessRegistry
 from radixtier.storage.publisher import store_records
@@ -29,7 +30,9 @@ _REGISTRIES_LOCK = threading.Lock()
 
 
 def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id: str) -> NvmeofPageStore:
-    """This rank's store: creates a file namespace if asked to (capacity), checks its page size."""
+    """This rank's store: creates a file namespace if asked to (capacity), checks its page size.
+    The namespace is opened once (its superblock read once); the checks below see the superblock
+    it has, or, for one about to be created, the one it will get (nothing is created if they fail)."""
     partition = cfg.partition + rank_index
     path = cfg.path
     is_file = not os.path.exists(path) or os.path.isfile(path)
@@ -38,32 +41,28 @@ def open_partition(cfg: BackendConfig, page_bytes: int, rank_index: int, node_id
                           f"create a file namespace, or format a device with `radixtier format`")
     if is_file and os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def check(sb: Superblock, created: bool) -> None:
+        if created:
+            if partition >= cfg.partitions:
+                raise ConfigError(f"partitions: rank {rank_index} needs partition {partition}; create the "
+                                  f"namespace with at least {partition + 1} partitions, got {cfg.partitions}")
+            return
+        if sb.page_bytes < page_bytes:
+            raise ConfigError(f"page_bytes: {path} holds pages of {sb.page_bytes} bytes, this model's "
+                              f"pages need {page_bytes}; reformat it (`radixtier format --force`) or use "
+                              f"another path")
+        if partition >= sb.partitions:
+            raise ConfigError(f"partition: rank {rank_index} needs partition {partition}, {path} has "
+                              f"{sb.partitions} (partitions 0..{sb.partitions - 1}); reformat with more "
+                              f"--partitions or lower partition")
+
     lock_fd = _lock_creation(path) if is_file and cfg.capacity else None
     try:
-        fresh = not os.path.exists(path) or (is_file and os.path.getsize(path) == 0)
-        if not fresh:
-            try:
-                sb = read_superblock(path)
-            except FormatError as exc:
-                raise ConfigError(f"path: {exc}") from None
-            if sb.page_bytes < page_bytes:
-                raise ConfigError(f"page_bytes: {path} holds pages of {sb.page_bytes} bytes, this model's "
-                                  f"pages need {page_bytes}; reformat it (`radixtier format --force`) or use "
-                                  f"another path")
-            if partition >= sb.partitions:
-                raise ConfigError(f"partition: rank {rank_index} needs partition {partition}, {path} has "
-                                  f"{sb.partitions} (partitions 0..{sb.partitions - 1}); reformat with more "
-                                  f"--partitions or lower partition")
-        elif partition >= cfg.partitions:
-            raise ConfigError(f"partitions: rank {rank_index} needs partition {partition}; create the namespace "
-                              f"with at least {partition + 1} partitions, got {cfg.partitions}")
         try:
-            return NvmeofPageStore(path, page_bytes if fresh else None, partition=partition, node_id=node_id,
-                                   create_bytes=cfg.capacity if fresh else 0, partitions=cfg.partitions,
-                                   io_engine=cfg.io_engine, queue_depth=cfg.queue_depth, direct=cfg.direct,
-                                   sync=cfg.sync, eviction=cfg.eviction, verify=cfg.verify,
-                                   coalesce_bytes=cfg.coalesce_bytes, lease_s=cfg.lease_s,
-                                   lease_io_timeout_s=cfg.lease_io_timeout_s, force_takeover=cfg.force_takeover)
+            ns = open_namespace(path, None, create_bytes=cfg.capacity, partitions=cfg.partitions,
+                                direct=cfg.store.direct, check=check, create_page_bytes=page_bytes)
+            return NvmeofPageStore(ns, partition=partition, node_id=node_id, config=cfg.store)
         except (FormatError, RuntimeError) as exc:
             raise ConfigError(f"path: {exc}") from None
     finally:

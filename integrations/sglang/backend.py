@@ -21,20 +21,22 @@ bytes.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolHitPolicy, PoolTransfer, PoolTransferResult)
 
+from radixtier.integrations.sglang.arguments import (ArgumentError, RefusalLog, check_host_indices, host_tensor,
+                                                     require_keys)
 from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError, shown_size
+from radixtier.integrations.sglang.host_pools import host_regions, pool_format, pool_slots
 from radixtier.integrations.sglang.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
 from radixtier.storage.api import LocationTuple, PageLocation, PageSegments
 from radixtier.prometheus import MetricsReporter
@@ -44,39 +46,6 @@ log = logging.getLogger("radixtier.sglang")
 
 V1, FLAT = "v1", "flat"
 _HINTS = 65536  # remote page locations remembered between batch_exists and the read that follows
-REFUSAL_LOG_EVERY_S = 30.0  # one log line per call kind and argument in this long, however many calls are refused
-
-
-class ArgumentError(ValueError):
-    """An argument SGLang would never send (host_indices outside the pool, of the wrong type or
-    count): the call fails whole, before any I/O, and is logged through _RefusalLog."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class _RefusalLog:
-    """At most one error line per (call, argument) every `every_s` seconds, with the count of the
-    refusals it stood for: a caller stuck on a bad index must not flood the log (each refusal is
-    still counted in radixtier_stats()["errors"])."""
-
-    def __init__(self, every_s: float = REFUSAL_LOG_EVERY_S) -> None:
-        self.every_s = every_s
-        self._lock = threading.Lock()
-        self._last: Dict[Tuple[str, str], Tuple[float, int]] = {}  # -> (time logged, refusals not logged since)
-
-    def refused(self, op: str, pages: int, exc: ArgumentError) -> None:
-        now = time.monotonic()
-        key = (op, exc.field)
-        with self._lock:
-            logged, quiet = self._last.get(key, (None, 0))
-            if logged is not None and now - logged < self.every_s:
-                self._last[key] = (logged, quiet + 1)
-                return
-            self._last[key] = (now, 0)
-        more = f" ({quiet} more refused like it in the last {now - logged:.0f} s)" if quiet else ""
-        log.error("radixtier: %s of %d page(s) refused, nothing read or written: %s%s", op, pages, exc, more)
 
 
 class _BackendCounters:
@@ -133,7 +102,7 @@ class RadixTierStorage(HiCacheStorage):
         self._hints: "OrderedDict[bytes, tuple]" = OrderedDict()
         self._hints_lock = threading.Lock()
         self._stats = _BackendCounters()
-        self._refusals = _RefusalLog()
+        self._refusals = RefusalLog()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
         self._warned_no_prefix = False
         self._warned_already_stored = False
@@ -147,14 +116,14 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- host pools
     def register_mem_pool_host(self, mem_pool_host) -> None:
         self.mem_pool_host = mem_pool_host
-        self._formats[KV_POOL] = _pool_format(KV_POOL, mem_pool_host)
+        self._formats[KV_POOL] = pool_format(KV_POOL, mem_pool_host)
         if self._store is not None:  # a pool arriving after the store opened is registered too
             self._register_host_memory(self._store)
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
         name = str(host_pool_name)
         self.registered_pools[name] = host_pool
-        self._formats[name] = _pool_format(name, host_pool)
+        self._formats[name] = pool_format(name, host_pool)
         if self._store is not None:
             self._register_host_memory(self._store)
 
@@ -218,7 +187,7 @@ class RadixTierStorage(HiCacheStorage):
         """The host pools' memory as io_uring fixed buffers, so reads into them skip per-I/O page
         pinning (see NvmeofPageStore.register_memory); a refusal is logged and changes nothing else."""
         pools = [self.mem_pool_host] + list(self.registered_pools.values())
-        regions = _host_regions(p for p in pools if p is not None)
+        regions = host_regions(p for p in pools if p is not None)
         if regions:
             t0 = time.perf_counter()
             ok = store.register_memory(regions)
@@ -240,13 +209,13 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- v1: zero copy
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
-        _require_keys(keys)
+        require_keys(keys)
         return self._guard("batch_get_v1", len(keys), lambda: self._get_pool_pages(
             KV_POOL, self.mem_pool_host, keys, host_indices, self._prefix_keys(extra_info), V1))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
-        _require_keys(keys)
+        require_keys(keys)
         return self._guard("batch_set_v1", len(keys), lambda: self._set_pool_pages(
             KV_POOL, self.mem_pool_host, keys, host_indices, self._prefix_keys(extra_info), V1))
 
@@ -257,7 +226,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None):
-        _require_keys(keys)
+        require_keys(keys)
         if not keys:
             return []
         if target_locations is None or len(target_locations) != len(keys):
@@ -266,7 +235,7 @@ class RadixTierStorage(HiCacheStorage):
 
         def run():
             chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT, for_read=True)
-            ok = self._read(chain, [_host_tensor(t, target=True) for t in target_locations])
+            ok = self._read(chain, [host_tensor(t, target=True) for t in target_locations])
             return ok
         ok = self._guard("batch_get", len(keys), run)
         return [t if good else None for t, good in zip(target_locations, ok)]
@@ -277,7 +246,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
-        _require_keys(keys)
+        require_keys(keys)
         if not keys:
             return True
         if values is None or len(values) != len(keys):
@@ -289,7 +258,7 @@ class RadixTierStorage(HiCacheStorage):
                 return self._skip_not_writer(len(keys))
             chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
             chain.parents = [None] * len(keys)  # a legacy batch is not promised to be one chain
-            return self._write(KV_POOL, chain, [_host_tensor(v) for v in values])
+            return self._write(KV_POOL, chain, [host_tensor(v) for v in values])
         return all(self._guard("batch_set", len(keys), run))
 
     def exists(self, key: str) -> bool:
@@ -297,7 +266,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """Leading run of pages held here or, through the index, by another node in this namespace."""
-        _require_keys(keys)
+        require_keys(keys)
         if not keys:
             return 0
 
@@ -310,7 +279,7 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- v2: sidecar pools
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
-        _require_keys(keys)
+        require_keys(keys)
 
         def run():
             kv_pages = self.batch_exists(keys, extra_info)
@@ -357,7 +326,7 @@ class RadixTierStorage(HiCacheStorage):
         out: Dict[str, List[bool]] = {}
         for i, t in enumerate(transfers):
             name, keys = str(t.name), [] if t.keys is None else t.keys  # keys None: nothing to move for this pool
-            _require_keys(keys, f"transfers[{i}].keys")
+            require_keys(keys, f"transfers[{i}].keys")
             out[name] = self._guard(f"{op}[{name}]", len(keys), lambda name=name, keys=keys, t=t: fn(
                 name, self._pool(name), keys, t.host_indices, self._prefix_keys(extra_info),
                 self._interface_of(name), t.hit_policy == PoolHitPolicy.ALL_PAGES))
@@ -373,7 +342,7 @@ class RadixTierStorage(HiCacheStorage):
     def _page_buffers(self, name: str, pool, host_indices: torch.Tensor, pages: int, interface: str,
                       for_read: bool):
         page_size = int(getattr(pool, "page_size", 1) or 1)
-        flat = check_host_indices(host_indices, pages, page_size, _pool_slots(name, pool), name)
+        flat = check_host_indices(host_indices, pages, page_size, pool_slots(name, pool), name)
         if interface == V1:
             ptrs, sizes = pool.get_page_buffer_meta(host_indices)
             return PageSegments(ptrs, sizes, pages), None
@@ -381,7 +350,7 @@ class RadixTierStorage(HiCacheStorage):
         if for_read:
             bufs = [pool.get_dummy_flat_data_page() for _ in range(pages)]
             return bufs, starts
-        return [_host_tensor(pool.get_data_page(s, flat=True)) for s in starts], None
+        return [host_tensor(pool.get_data_page(s, flat=True)) for s in starts], None
 
     def _get_pool_pages(self, name: str, pool, keys: Sequence[str], host_indices, prefix, interface: str,
                         continues: bool = True) -> List[bool]:
@@ -623,129 +592,5 @@ class RadixTierStorage(HiCacheStorage):
                 store.close()
 
 
-def _pool_format(name: str, pool) -> PoolFormat:
-    """Page size in bytes as the zero-copy walk sees it (the flat page holds the same bytes), and
-    whether the walk works at all: mamba/DSA pools raise outside page_first layouts, so probe once."""
-    page_size = int(getattr(pool, "page_size", 1) or 1)
-    nbytes = 0
-    if hasattr(pool, "get_page_buffer_meta"):
-        try:
-            _ptrs, sizes = pool.get_page_buffer_meta(torch.arange(page_size))
-            nbytes = int(sum(sizes))
-        except Exception as exc:  # some pools support the walk in some layouts only
-            log.info("radixtier: pool %s: no zero-copy page walk in this layout (%s); using flat pages", name, exc)
-            nbytes = 0
-    zero_copy = nbytes > 0
-    if not nbytes:
-        page = pool.get_dummy_flat_data_page()
-        nbytes = page.numel() * page.element_size()
-    return PoolFormat(name, str(getattr(pool, "layout", "unknown")), str(getattr(pool, "dtype", "unknown")), nbytes,
-                      zero_copy)
-
-
-def _host_regions(pools) -> List[Tuple[int, int]]:
-    """(address, nbytes) of each host pool's KV memory (SGLang's `kv_buffer`: one tensor, or one
-    per layer), distinct and on the CPU only."""
-    seen: Dict[int, int] = {}
-    for pool in pools:
-        buf = getattr(pool, "kv_buffer", None)  # SGLang's HostKVCache attribute, not ours
-        for t in buf if isinstance(buf, (list, tuple)) else [buf]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous() and t.numel():
-                seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
-    return sorted(seen.items())
-
-
-def _require_keys(keys: Any, field: str = "keys") -> None:
-    """SGLang passes page hashes as a list; anything else (None, a generator, one string) is a
-    caller's mistake that no per-key result can answer, so it is refused by name, up front."""
-    if not isinstance(keys, (list, tuple)):
-        raise ValueError(f"{field}: expected a list of page hash strings, got {type(keys).__name__}")
-
-
-def _pool_slots(name: str, pool) -> int:
-    """Slots in a host pool (SGLang's HostKVCache.size): the bound every host index is checked against."""
-    size = getattr(pool, "size", None)
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise RuntimeError(f"host pool {name!r}: expected a slot count (size) to check host_indices against, "
-                           f"got {size!r}")
-    return size
-
-
-def check_host_indices(host_indices: Any, pages: int, page_size: int, slots: int, pool: str) -> torch.Tensor:
-    """host_indices as a flat int64 tensor, once proven to be `pages` whole pages of the pool:
-    each page `page_size` consecutive slots from a multiple of page_size, all of them in 0..slots-1.
-
-    Why: SGLang's zero-copy walk turns a page's first slot into an address with no bounds check
-    of its own, so a slot past the pool had a read write 32 KiB of someone else's memory and
-    2**40 crashed the process. Alignment is required in every layout: SGLang's allocator hands out
-    aligned pages only, and several pools (page_first_direct, DSA, ...) divide the slot by
-    page_size, so an unaligned one names another page. Whole-tensor torch ops, no per-page Python."""
-    if not isinstance(host_indices, torch.Tensor):
-        raise ArgumentError("host_indices", f"host_indices: expected a tensor of host pool slots, got "
-                                            f"{type(host_indices).__name__}")
-    if host_indices.dtype.is_floating_point or host_indices.dtype.is_complex or host_indices.dtype == torch.bool:
-        raise ArgumentError("host_indices", f"host_indices: expected an integer tensor, got dtype "
-                                            f"{str(host_indices.dtype).replace('torch.', '')}")
-    if host_indices.numel() != pages * page_size:
-        raise ArgumentError("host_indices", f"host_indices: expected {pages * page_size} token slots for {pages} "
-                                            f"pages, got {host_indices.numel()}")
-    flat = host_indices.reshape(-1)
-    if flat.dtype != torch.int64 or flat.device.type != "cpu":  # slots of a host pool: CPU int64 (a no-op for SGLang's)
-        flat = flat.to(device="cpu", dtype=torch.int64)
-    if page_size == 1:
-        lo, hi = torch.aminmax(flat)
-        if int(lo) < 0 or int(hi) >= slots:
-            _refuse_host_indices(flat, page_size, slots, pool)
-        return flat
-    rows = flat.reshape(pages, page_size) - _page_offsets(page_size)  # a good page: its first slot, repeated
-    starts = rows[:, 0]
-    lo, hi = torch.aminmax(starts)
-    if (int(lo) < 0 or int(hi) > slots - page_size or not torch.equal(rows, starts[:, None].expand(pages, page_size))
-            or bool(torch.remainder(starts, page_size).any())):
-        _refuse_host_indices(flat, page_size, slots, pool)
-    return flat
-
-
-@functools.lru_cache(maxsize=None)
-def _page_offsets(page_size: int) -> torch.Tensor:
-    """0..page_size-1, made once per page size (never written: the check only reads it)."""
-    return torch.arange(page_size, dtype=torch.int64)
-
-
-def _refuse_host_indices(flat: torch.Tensor, page_size: int, slots: int, pool: str) -> NoReturn:
-    """Name the first bad slot and why (the refusal path only; the checks above stay vectorised)."""
-    where = f"host pool {pool!r} ({slots} slots, page_size {page_size})"
-    outside = ((flat < 0) | (flat >= slots)).nonzero()
-    if outside.numel():
-        i = int(outside[0])
-        raise ArgumentError("host_indices", f"host_indices: expected slots 0..{slots - 1} of {where}, got "
-                                            f"{int(flat[i])} at position {i}")
-    starts = flat[::page_size]
-    unaligned = torch.remainder(starts, page_size).nonzero()
-    if unaligned.numel():
-        p = int(unaligned[0])
-        raise ArgumentError("host_indices", f"host_indices: expected each page to start at a multiple of "
-                                            f"page_size in {where}, got {int(starts[p])} at position "
-                                            f"{p * page_size}")
-    want = (starts[:, None] + _page_offsets(page_size)).reshape(-1)
-    i = int((flat != want).nonzero()[0])
-    raise ArgumentError("host_indices", f"host_indices: expected {page_size} consecutive slots per page in "
-                                        f"{where}, got {int(flat[i])} at position {i} (page from "
-                                        f"{int(want[i - i % page_size])})")
-
-
 def _prefix(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:
     return None if extra_info is None else extra_info.prefix_keys
-
-
-def _host_tensor(t, target: bool = False) -> torch.Tensor:
-    """A contiguous CPU tensor to do I/O on; a read target must be one already (a copy would be lost)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"expected a host tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"expected a host (CPU) tensor, got one on {t.device}")
-    if t.is_contiguous():
-        return t
-    if target:
-        raise ValueError("read target tensor must be contiguous")
-    return t.contiguous()

@@ -18,10 +18,9 @@ from urllib.parse import urlsplit
 from radixtier.storage import validate
 from radixtier.storage.index.identity import default_node_id
 from radixtier.storage.index.redis_index import RedisIndexConfig
-from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST
-from radixtier.storage.nvmeof.io_engine import ENGINES, MAX_QUEUE_DEPTH
+from radixtier.storage.nvmeof.config import StoreConfig
 from radixtier.storage.nvmeof.layout import MAX_PARTITIONS
-from radixtier.storage.nvmeof.lease import check_timing, default_io_timeout_s
+from radixtier.storage.nvmeof.namespace import will_create
 from radixtier.units import parse_size
 
 # Keys SGLang itself reads from the same JSON object; accepted and left to SGLang.
@@ -40,6 +39,8 @@ REDIS_KEYS = {
     "lookup_max_holders": "lookup_max_holders",
 }
 _FIELD_KEY = {f: k for k, f in REDIS_KEYS.items()}
+# extra_config keys that set the page store's StoreConfig: its own field names
+STORE_KEYS = StoreConfig.keys()
 NODE_ID_BASE_BYTES = validate.NODE_ID_MAX_BYTES - 8  # room for the ".r<rank>" suffix of multi-rank nodes
 REDIS_URL_MAX_CHARS = 4096  # far past any real URL (a long ACL password included); a value this long is a mistake
 SHOWN_CHARS = 64            # how much of a long value an error message echoes back
@@ -66,21 +67,12 @@ class BackendConfig:
     page_bytes: int = 0                 # slot size; 0 = the largest page of the registered host pools
     node_id: str = field(default_factory=default_node_id)  # <host>-<8 hex of machine and container id>
     redis: RedisIndexConfig = field(default_factory=_default_redis)  # the REDIS_KEYS; url "" = no Redis
-    io_engine: str = "auto"
-    queue_depth: int = 16
-    direct: bool = True
-    sync: bool = True
-    verify: str = "auto"
-    eviction: str = LEAVES_FIRST
-    coalesce_bytes: int = 1 << 20
-    lease_s: float = 15.0               # partition lease on the device; renewed every lease_s / 4
-    # bound on one write reaching the device after its deadline check; the same on every host
-    lease_io_timeout_s: float = field(default_factory=default_io_timeout_s)
-    force_takeover: bool = False        # take a partition whose lease another host still renews
+    store: StoreConfig = field(default_factory=StoreConfig)  # the STORE_KEYS: how the page store runs
 
     @classmethod
     def keys(cls) -> frozenset:
-        return frozenset(f.name for f in fields(cls) if f.name != "redis") | frozenset(REDIS_KEYS)
+        return (frozenset(f.name for f in fields(cls) if f.name not in ("redis", "store")) | frozenset(REDIS_KEYS)
+                | STORE_KEYS)
 
     @property
     def redis_url(self) -> str:
@@ -108,13 +100,23 @@ class BackendConfig:
                 hint = f"; did you mean {near[0]!r}?" if near else ""
                 raise ConfigError(f"extra_config: unknown key {key!r}{hint} (radixtier keys: "
                                   f"{', '.join(sorted(known))})")
-        cfg = cls()
+        try:
+            cfg = cls()
+        except ValueError as exc:  # e.g. RADIXTIER_LEASE_IO_TIMEOUT_S too long for the default lease_s
+            raise ConfigError(str(exc)) from None
+        store_values = {}  # the store's settings are checked together, as one StoreConfig
         for name, raw in extra.items():
             if name in REDIS_KEYS:
                 target = REDIS_KEYS[name]
                 setattr(cfg.redis, target, _coerce(name, raw, getattr(cfg.redis, target)))
+            elif name in STORE_KEYS:
+                store_values[name] = _coerce(name, raw, getattr(cfg.store, name))
             elif name in known:
                 setattr(cfg, name, _coerce(name, raw, getattr(cfg, name)))
+        try:
+            cfg.store = replace(cfg.store, **store_values)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         cfg.check()
         cfg.check_room()
         return cfg
@@ -129,13 +131,7 @@ class BackendConfig:
             raise ConfigError(f"page_bytes: expected a multiple of 512, got {self.page_bytes}")
         try:
             validate.positive_int("partitions", self.partitions, MAX_PARTITIONS)
-            validate.positive_int("queue_depth", self.queue_depth, MAX_QUEUE_DEPTH)
-            validate.positive_int("coalesce_bytes", self.coalesce_bytes)
             validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
-            check_timing(self.lease_s, self.lease_io_timeout_s)
-            for name, allowed in (("io_engine", ENGINES), ("verify", validate.VERIFY_MODES),
-                                  ("eviction", EVICTION_MODES)):
-                validate.one_of(name, getattr(self, name), allowed)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if isinstance(self.redis.url, str) and self.redis.url:
@@ -158,7 +154,7 @@ class BackendConfig:
         too large`, and a size past the free space fails its fallocate after the file was made.
         Reads the filesystem (statvfs) and creates nothing; an existing namespace keeps the size
         it was formatted with, so capacity is not checked against it."""
-        if not self.capacity or not _will_create(self.path):
+        if not self.capacity or not will_create(self.path):
             return
         folder = _nearest_folder(self.path)
         try:
@@ -170,12 +166,6 @@ class BackendConfig:
         if self.capacity > room:
             raise ConfigError(f"capacity: expected at most {room} bytes ({room / (1 << 30):.1f} GiB free on the "
                               f"filesystem holding {folder}), got {shown_size(self.capacity)}")
-
-
-def _will_create(path: str) -> bool:
-    """Whether opening `path` creates (formats) a file namespace: it is missing or an empty file
-    (the same test attach.open_partition makes)."""
-    return not os.path.exists(path) or (os.path.isfile(path) and os.path.getsize(path) == 0)
 
 
 def _nearest_folder(path: str) -> str:

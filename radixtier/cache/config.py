@@ -1,7 +1,9 @@
-"""CacheConfig: sizes and policies of one node's embedded tiered cache, validated in one place."""
+"""CacheConfig: sizes and policies of one node's embedded tiered cache, validated in one place
+(with the same shared checks, storage/validate.py, as the store's and SGLang's settings)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Tuple, Union
 
@@ -10,6 +12,7 @@ import torch
 from radixtier.policies import PrefetchPolicy, WritePolicy, parse_enum
 from radixtier.pools import resolve_device
 from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST
+from radixtier.storage.validate import one_of, positive_int
 
 
 @dataclass
@@ -35,14 +38,9 @@ class CacheConfig:
     hold_hints: bool = True
 
     def validated(self) -> "CacheConfig":
-        def positive_int(name: str) -> None:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name}: expected a positive integer, got {v!r}")
-
         for name in ("page_size", "device_pages", "host_pages", "write_through_threshold",
                      "promote_chunk_pages", "io_workers"):
-            positive_int(name)
+            positive_int(name, getattr(self, name))
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError(f"dtype: expected a torch.dtype, got {self.dtype!r}")
         try:
@@ -52,13 +50,12 @@ class CacheConfig:
         if not shape or any(d <= 0 for d in shape):
             raise ValueError(f"page_shape: expected a tuple of positive integers, got {self.page_shape!r}")
         t = self.prefetch_timeout_s
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
-            raise ValueError(f"prefetch_timeout_s: expected a non-negative number, got {t!r}")
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < math.inf:
+            raise ValueError(f"prefetch_timeout_s: expected a non-negative, finite number of seconds, got {t!r}")
         w = self.spill_watermark
         if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0.1 <= w <= 1.0:
             raise ValueError(f"spill_watermark: expected a fraction in [0.1, 1.0], got {w!r}")
-        if self.eviction not in EVICTION_MODES:
-            raise ValueError(f"eviction: expected one of {', '.join(EVICTION_MODES)}, got {self.eviction!r}")
+        one_of("eviction", self.eviction, EVICTION_MODES)
         resolve_device(self.device)
         return replace(self, page_shape=shape,
                        write_policy=parse_enum(WritePolicy, "write_policy", self.write_policy),

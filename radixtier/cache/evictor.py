@@ -1,22 +1,29 @@
 """Eviction: making room in a memory tier, and what a victim's pages need before they go.
 
-Runs under the cache lock. Never waits on tier-3 I/O: a host victim that must be written down
-first (write_back, hot, or tier 3 let go of it) is copied into a staging buffer (a memory copy)
-and written by a transfer, so the serving thread never waits on an fdatasync while it holds the
-lock. That inline spill is counted (`inline_spill_pages`): write_back's cleaner exists to keep
-it rare. A device victim with no host copy is copied device -> host synchronously (no disk).
+Owns no state of its own. Changes the tree and the pools (victims' slots, splits, prunes) under
+the cache lock, on whichever thread asks for room: the planner, the writer and the façade
+(serving thread) or the write-back cleaner. Uses the launcher to start a spill and nothing
+above it: a spill's outcome is applied by the façade's apply point, never called back into here.
+
+Never waits on tier-3 I/O: a host victim that must be written down first (write_back, hot, or
+tier 3 let go of it) is copied into a staging buffer (a memory copy) and written by a transfer,
+so the serving thread never waits on an fdatasync while it holds the lock. That inline spill is
+counted (`inline_spill_pages`): write_back's cleaner exists to keep it rare. A device victim
+with no host copy is copied device -> host synchronously (no disk).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 
+from radixtier.cache import tier3
 from radixtier.cache.inflight import WRITING
+from radixtier.cache.policy import must_keep_copy
 from radixtier.cache.state import CacheState
-from radixtier.policies import WritePolicy
+from radixtier.cache.transfers import Launcher
 from radixtier.tiers import Tier
 from radixtier.tree import Node
 
@@ -24,8 +31,11 @@ log = logging.getLogger("radixtier.cache")
 
 
 class Evictor:
-    def __init__(self, state: CacheState) -> None:
+    """Makes room in a memory tier (cache lock held; see module docstring)."""
+
+    def __init__(self, state: CacheState, launcher: Launcher) -> None:
         self.s = state
+        self._launcher = launcher
 
     def alloc(self, tier: Tier, n: int) -> Optional[List[int]]:
         """n free slots in a memory tier, evicting unlocked pages if needed; None if it cannot."""
@@ -38,9 +48,10 @@ class Evictor:
         return slots
 
     def reclaim(self, tier: Tier, need_free: int) -> bool:
+        """Evict unlocked pages until `tier` has need_free free slots; False if it ran out of victims."""
         s = self.s
         pool = s.pools[tier]
-        self.learn_storage_evictions()  # what leaves a tier must know whether tier 3 still has it
+        tier3.learn_storage_evictions(s)  # what leaves a tier must know whether tier 3 still has it
         freed: List[np.ndarray] = []  # returned to the pool in one call when the loop ends
         pending = 0
         # the pool's count stays put in the loop: its frees wait for the end, and the loop allocates
@@ -65,34 +76,6 @@ class Evictor:
                 pool.free_runs(freed)
                 s.stats.record_eviction(tier, pending)
 
-    def learn_storage_evictions(self) -> None:
-        """Apply what tier 3 dropped since the last look (evictions made for other writers, pages it
-        found corrupt) before planning reads from it, so a plan rarely names a page already gone."""
-        store = self.s.store
-        if store is None:
-            return
-        gone = store.take_evicted()
-        if gone:
-            for key, present in zip(gone, store.exists(gone)):
-                if not present:
-                    self.s.tree.storage_evicted(key)
-
-    def hold(self, keys: Sequence[bytes], held: bool) -> None:
-        s = self.s
-        if s.config.hold_hints and s.store is not None and keys:
-            s.store.hold(keys, held)
-
-    def _write_down(self, node: Node) -> bool:
-        """write_through with hold hints: tier 3 may have let go of a page while we held it; the
-        last upper-tier copy is not dropped without writing it back down."""
-        s = self.s
-        return (s.config.hold_hints and s.store is not None and not node.in_storage
-                and s.config.write_policy == WritePolicy.WRITE_THROUGH)
-
-    def _must_keep_copy(self, node: Node) -> bool:
-        return (self.s.config.write_policy == WritePolicy.WRITE_BACK or self.s.writer.is_hot(node)
-                or self._write_down(node))
-
     def _tail_pages(self, victim: Node, short: int) -> int:
         """How much of a victim goes: a victim far larger than what is still needed gives up only
         its tail, the whole chunks (promote_chunk_pages) that cover the shortfall. The rest stays
@@ -108,8 +91,8 @@ class Evictor:
         if node.children or node.keys is not None or node.storage_pages or s.inflight.busy(node):
             return False
         if tier == Tier.DEVICE:
-            return node.host is None and not (self._must_keep_copy(node) and self._host_could_copy())
-        return node.device is None and not (s.store is not None and self._must_keep_copy(node))
+            return node.host is None and not (must_keep_copy(s, node) and self._host_could_copy())
+        return node.device is None and not (s.store is not None and must_keep_copy(s, node))
 
     def _host_could_copy(self) -> bool:
         """Whether a device victim's host copy is ever attempted (see _copy_to_host)."""
@@ -120,16 +103,16 @@ class Evictor:
         they leave the node, so nothing after that can lose them. Returns how many."""
         s = self.s
         if tier == Tier.DEVICE:
-            if node.host is None and self._must_keep_copy(node):
+            if node.host is None and must_keep_copy(s, node):
                 self._copy_to_host(node)
         elif tier == Tier.HOST:
             if (s.store is not None and not node.in_storage and s.inflight.get(WRITING, node) is None
-                    and self._must_keep_copy(node)):
+                    and must_keep_copy(s, node)):
                 self._spill_inline(node)
         slots = s.tree.clear_slots(node, tier)
         freed.append(slots)
         if node.device is None and node.host is None and node.keys is not None:
-            self.hold(node.keys, False)  # tier 3 has the only copy now (if it has one; never, if never hashed)
+            tier3.hold(s, node.keys, False)  # tier 3 has the only copy now (if it has one; never, if never hashed)
         s.tree.prune(node)
         return len(slots)
 
@@ -169,4 +152,4 @@ class Evictor:
             s.stats.record_failure("host_to_storage", node.num_pages)
             return
         s.stats.record_inline_spill(node.num_pages)
-        s.completions.start_spill(node, staged, s.writer.parents(node))
+        self._launcher.start_spill(node, staged)

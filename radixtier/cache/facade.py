@@ -1,38 +1,58 @@
 """TieredKVCache: the embedded three-tier cache (device, host, tier 3) for one serving node.
 
-The façade owns the lock and wires the parts; each part has one job:
+The façade owns the lock, wires the parts and owns the one point where finished transfers are
+applied (`_apply`). Each part has one job:
 
     planner.py      match / prefetch / load / release: what is cached where, what to promote (no I/O waits)
-    writer.py       placement of new KV, backups device -> host -> storage, the write-back cleaner
+    writer.py       placement of new KV, backups device -> host -> storage, the write-back cleaner's pass
     evictor.py      making room in a tier; a victim's last copy staged and written by a transfer
-    completions.py  starting transfers, and applying their outcomes (the only code on transfer threads)
+    transfers.py    transfers as objects (Promote, Load, Backup, Write, Spill) and the launcher that starts them
+    outcomes.py     what a finished transfer changes, and the follow-up work it asks for (it starts nothing)
     inflight.py     the table of running transfers (not on tree nodes) and the wait for them
-    state.py        what the parts share, and who owns each field
+    policy.py       the write policy's per-node questions (hot? must a copy outlive eviction?)
+    tier3.py        hold hints to tier 3, and what it evicted on its own
+    state.py        what the parts share (data only), and who owns each field
+
+Calls between parts go one way (a part is handed the parts below it when the façade makes it):
+
+    façade -> planner -> writer -> evictor -> launcher        façade -> outcomes (results only)
+    launcher --(a transfer finished, on its thread)--> façade._apply -> outcomes, then the
+        follow-ups: tier 3 hold hints, writer.write_storage (a backup that goes on to tier 3)
+
+Like SGLang's cache controller, a transfer is a small record queued on the transfer engine, and
+its acknowledgement is applied in one place: `_apply` reads it (no lock), then under one hold of
+the cache lock lets `outcomes` apply it and carries out the follow-up work it returned.
 
 Lock order (a thread holding one may take only those below it):
     1. `state.lock`: the cache lock (an RLock): tree, pools, in-flight node table
     2. the store's own locks, through calls that never wait on I/O (leading_run, exists, hold,
        location, take_evicted), and the prefix index's queue lock (publish/unpublish only enqueue)
-    3. leaves: the in-flight completion condition, the transfer engine's depth lock, stats
+    3. leaves: the in-flight completion condition, the transfer engine's depth lock and queues, stats
 Never under the cache lock: store.put/get (device I/O, fdatasync), index lookups (network),
 waiting on a transfer. The serving thread therefore never waits on the disk while it holds the
 lock: an eviction that needs a victim written down stages a copy and lets a transfer write it.
+Transfer threads take the cache lock only in `_apply`, once per finished transfer, after the
+transfer's I/O is over; the follow-up work it does under the lock only submits (writes) or takes
+level-2 locks (hold hints).
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from radixtier.cache.completions import Completions
+from radixtier.cache import tier3
 from radixtier.cache.config import CacheConfig
 from radixtier.cache.evictor import Evictor
 from radixtier.cache.handle import LoadResult, MatchResult, PrefixHandle
 from radixtier.cache.inflight import LOADING, PROMOTING, InFlight
+from radixtier.cache.outcomes import Outcomes, read
 from radixtier.cache.planner import Planner
 from radixtier.cache.state import CacheState
+from radixtier.cache.transfers import Launcher, Transfer
 from radixtier.cache.writer import Writer
 from radixtier.hashing import KVNamespace, PageHasher, as_token_array
 from radixtier.metrics import CacheStats
@@ -71,8 +91,12 @@ class TieredKVCache:
             store=store, publisher=Publisher(store, index) if store is not None else None, stats=stats,
             mover=TransferEngine(device_pool, host_pool, store, stats, cfg.io_workers), inflight=inflight,
             lock=threading.RLock())
-        s.writer, s.evictor, s.completions = Writer(s), Evictor(s), Completions(s)
-        self._planner = Planner(s)
+        # the parts, each handed only the parts below it; finished transfers come back to _apply
+        launcher = Launcher(s, self._apply)
+        self._evictor = Evictor(s, launcher)
+        self._writer = Writer(s, self._evictor, launcher)
+        self._outcomes = Outcomes(s)
+        self._planner = Planner(s, self._writer, self._evictor, launcher)
         self.config, self.namespace, self.hasher, self.store, self.index = cfg, namespace, hasher, store, index
         self.tree, self.device_pool, self.host_pool, self.stats_counters = s.tree, device_pool, host_pool, stats
         self._closed = False
@@ -131,7 +155,7 @@ class TieredKVCache:
                 if anchor is not None:
                     s.inflight.end_fill(anchor)
                     s.tree.prune(anchor)
-            if self._cleaner is not None and s.writer.needs_cleaning():
+            if self._cleaner is not None and self._writer.needs_cleaning():
                 self._cleaner_wake.set()  # only then: a woken cleaner competes for the lock and the GIL
         return added
 
@@ -145,7 +169,7 @@ class TieredKVCache:
             raise ValueError(f"evict: tier must be device or host, got {tier!r}")
         with self._s.lock:
             before = self._s.pools[tier].num_free
-            self._s.evictor.reclaim(tier, before + num_pages)
+            self._evictor.reclaim(tier, before + num_pages)
             return self._s.pools[tier].num_free - before
 
     def flush(self, timeout: Optional[float] = 30.0) -> bool:
@@ -212,12 +236,12 @@ class TieredKVCache:
             start, n = node.start_page, node.num_pages
             if (not node.has_presence() and s.inflight.get(PROMOTING, node) is None and start >= first_page
                     and s.inflight.get(LOADING, node) is None):
-                added += s.writer.place_new(node, kv_pages[start - first_page:start - first_page + n])
+                added += self._writer.place_new(node, kv_pages[start - first_page:start - first_page + n])
         if m.num_pages < first_page:
             return added  # the prefix this KV extends is not cached any more
         node = s.tree.extend(m, arr, total)
         if node is not None:
-            got = s.writer.place_new(node, kv_pages[m.num_pages - first_page:])
+            got = self._writer.place_new(node, kv_pages[m.num_pages - first_page:])
             if not got:
                 s.tree.prune(node)
             added += got
@@ -229,4 +253,20 @@ class TieredKVCache:
             self._cleaner_wake.clear()
             if self._closed:
                 return
-            self._s.writer.clean_once()
+            self._writer.clean_once()
+
+    def _apply(self, op: Transfer, fut: Future) -> None:
+        """The one point where a finished transfer is applied (on the thread that finished it).
+
+        Its acknowledgement is read without the lock (the future is done: nothing waits); then,
+        under one hold of the cache lock, `outcomes` applies it and the follow-up work it asks
+        for is carried out: hold hints to tier 3, and writes to tier 3 (started, not waited on).
+        """
+        ack = read(op, fut)
+        s = self._s
+        with s.lock:
+            follow = self._outcomes.apply(op, ack)
+            for keys in follow.hold:
+                tier3.hold(s, keys, True)
+            for node in follow.write:
+                self._writer.write_storage(node)

@@ -2,9 +2,10 @@
 
 Two kinds of state, two owners of synchronisation:
 - which node has which transfer running (`PROMOTING`, `LOADING`, `BACKING`, `WRITING`) and which
-  nodes an insert is filling: read and written only under the cache lock, keyed by node id;
-- every future whose completion has not been applied yet (`track`): its own condition, a leaf
-  lock, so `flush()` can wait without the cache lock.
+  nodes an insert is filling: read and written only under the cache lock, keyed by node id
+  (entries are added by the launcher and the façade's insert, removed by the outcomes);
+- every future whose completion has not been applied yet (`track`, by the launcher): its own
+  condition, a leaf lock, so `flush()` can wait without the cache lock.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Planning a request's prefix: what is cached where, what to promote, what to load (no waiting on I/O).
 
-Runs on the serving thread. Everything that reads or changes the tree runs under the cache lock;
-the only calls made outside it are the prefix index's lookups (network) and waits on transfers.
-Transfers are started here (submitted to the transfer engine) and finished by `Completions`.
+Owns no state of its own; the fields of a `PrefixHandle` it made are written only here. Runs on
+the serving thread. Everything that reads or changes the tree runs under the cache lock; the
+only calls made outside it are the prefix index's lookups (network) and waits on transfers.
+Uses the writer (hot backups), the evictor (room) and the launcher (promotions and loads, as
+transfers); their outcomes are applied by the façade's apply point, on the transfer's thread.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
+from radixtier.cache import tier3
+from radixtier.cache.evictor import Evictor
 from radixtier.cache.handle import LoadResult, MatchResult, PrefixHandle
 from radixtier.cache.inflight import LOADING, PROMOTING
+from radixtier.cache.policy import is_hot
 from radixtier.cache.state import CacheState
+from radixtier.cache.transfers import Launcher
+from radixtier.cache.writer import Writer
 from radixtier.hashing import as_token_array
 from radixtier.policies import PrefetchPolicy, parse_enum
 from radixtier.storage.api import PageRecord
@@ -26,8 +33,11 @@ from radixtier.tree import Node, TreeMatch
 class Planner:
     """match / prefetch / load / release (see module docstring)."""
 
-    def __init__(self, state: CacheState) -> None:
+    def __init__(self, state: CacheState, writer: Writer, evictor: Evictor, launcher: Launcher) -> None:
         self.s = state
+        self._writer = writer
+        self._evictor = evictor
+        self._launcher = launcher
 
     # ======================================================================== public
     def match(self, tokens, beyond_memory: bool = True) -> MatchResult:
@@ -65,7 +75,7 @@ class Planner:
         arr = as_token_array(tokens)
         h = PrefixHandle(self, arr.size)
         with s.lock:
-            s.evictor.learn_storage_evictions()
+            tier3.learn_storage_evictions(s)
             m = s.tree.match(arr)
             up = s.tree.usable_prefix(m)
             s.tree.touch(up.nodes)
@@ -83,9 +93,9 @@ class Planner:
                             return self._finish_plan(h)
                 else:
                     self._plan(h, node, tier)
-                    if s.writer.is_hot(node):  # write_through_selective: copy it down now
+                    if is_hot(s, node):  # write_through_selective: copy it down now
                         self._finish_plan(h)  # its backup takes host room: the plan so far must stay
-                        s.writer.backup(node, to_storage=True)
+                        self._writer.backup(node, to_storage=True)
             done = h.planned_pages
             # Nodes another request is already promoting: wait on its transfer rather than repeating it.
             offset = 0
@@ -142,10 +152,10 @@ class Planner:
                     continue
                 if node.host is None:
                     break
-                slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
+                slots = self._evictor.alloc(Tier.DEVICE, node.num_pages)
                 if slots is None:
                     break
-                loads.append(s.completions.start_load(node, slots))
+                loads.append(self._launcher.start_load(node, slots))
         for f in loads:
             try:
                 f.result()
@@ -232,12 +242,11 @@ class Planner:
         s = self.s
         node = nodes[0]
         self._finish_plan(h)  # pin what is planned so far: making host room must not evict it
-        slots = s.evictor.alloc(Tier.HOST, node.num_pages)
+        slots = self._evictor.alloc(Tier.HOST, node.num_pages)
         if slots is None:
             return False
         s.tree.lock(node)  # locked before the transfer can finish (and prune a node it failed to fill)
         h.locked.append(node)
-        fut = s.completions.start_promotion(node, slots, source, records)
-        h.stages.append(fut)
+        h.stages.append(self._launcher.start_promotion(node, slots, source, records))
         self._plan(h, node, source)
         return True

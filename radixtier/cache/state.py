@@ -1,9 +1,14 @@
-"""What the cache's parts share, and who owns each field.
+"""What the cache's parts share, and who owns each field. Data only: no part is reachable from here.
 
-Everything here is created once by the façade (`TieredKVCache`) and never replaced. Fields that
-change at run time, and who may change them:
+Everything here is created once by the façade (`TieredKVCache`) and never replaced. The parts
+(planner, writer, evictor, launcher, outcomes) each get this state and, at construction, the
+parts below them (see facade.py for the map); none of them is a field here, so a part can
+reach another only through what the façade handed it. Fields that change at run time, and who
+may change them:
 - `tree`, `device_pool`, `host_pool`, `inflight`'s node table: only under `lock`, by the
-  planner (serving thread), the writer, the evictor and the completions (transfer threads);
+  planner, the writer and the evictor (serving thread, write-back cleaner), the launcher (the
+  locks on a transfer's source and its in-flight entry) and the outcomes (transfer threads,
+  through the façade's one apply point);
 - `stats`: thread-safe counters, anyone;
 - `store`, `publisher`, `mover`: thread-safe objects with their own locks (leaves of the lock
   order); calls that can wait on I/O (store.put/get, index lookups) are never made under `lock`.
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import Dict, Optional
 
 from radixtier.cache.config import CacheConfig
 from radixtier.cache.inflight import InFlight
@@ -26,14 +31,11 @@ from radixtier.tiers import Tier
 from radixtier.transfer import TransferEngine
 from radixtier.tree import RadixTree
 
-if TYPE_CHECKING:  # pragma: no cover
-    from radixtier.cache.completions import Completions
-    from radixtier.cache.evictor import Evictor
-    from radixtier.cache.writer import Writer
-
 
 @dataclass
 class CacheState:
+    """The shared data of one cache (see module docstring for who may change which field)."""
+
     config: CacheConfig
     namespace: KVNamespace
     hasher: PageHasher
@@ -47,7 +49,3 @@ class CacheState:
     mover: TransferEngine
     inflight: InFlight
     lock: threading.RLock
-    # the parts, for calls across them (set once by the façade)
-    writer: "Writer" = None  # type: ignore[assignment]
-    evictor: "Evictor" = None  # type: ignore[assignment]
-    completions: "Completions" = None  # type: ignore[assignment]

@@ -1,17 +1,22 @@
 """Placement, backup and write-back: where new KV goes, and how copies move down the tiers.
 
-Runs under the cache lock (serving thread, the write-back cleaner, or a completion that chains a
-write after a backup); copies are started as transfers, never waited on here.
+Owns no state of its own. Writes new KV into pool slots and gives them to tree nodes, under the
+cache lock: on the serving thread (the façade's insert, the planner's hot backups), the
+write-back cleaner, or the façade's apply point (a backup whose outcome asks for the write to
+tier 3 that follows it). Uses the evictor (room) and the launcher (copies down the tiers, started
+as transfers, never waited on here); nothing calls back into it from below.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Sequence
 
 import torch
 
+from radixtier.cache.evictor import Evictor
 from radixtier.cache.inflight import BACKING, WRITING
 from radixtier.cache.state import CacheState
+from radixtier.cache.transfers import Launcher
 from radixtier.policies import WritePolicy
 from radixtier.pools import PagePool
 from radixtier.tiers import Tier
@@ -19,8 +24,12 @@ from radixtier.tree import Node
 
 
 class Writer:
-    def __init__(self, state: CacheState) -> None:
+    """Placement and copies down the tiers (cache lock held; see module docstring)."""
+
+    def __init__(self, state: CacheState, evictor: Evictor, launcher: Launcher) -> None:
         self.s = state
+        self._evictor = evictor
+        self._launcher = launcher
 
     def place_new(self, node: Node, kv: torch.Tensor) -> int:
         """Cache new KV in the fastest tier with room; returns pages placed.
@@ -31,7 +40,7 @@ class Writer:
         could never be a prefix hit).
         """
         s = self.s
-        slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
+        slots = self._evictor.alloc(Tier.DEVICE, node.num_pages)
         if slots is not None:  # the common case: one node, one allocation (the tree stays compact)
             placed = node.num_pages  # counted first: a piecewise backup may split the node
             self._on_device(node, kv, slots)
@@ -49,11 +58,11 @@ class Writer:
 
     def _place_chunk(self, node: Node, kv: torch.Tensor) -> bool:
         s = self.s
-        slots = s.evictor.alloc(Tier.DEVICE, node.num_pages)
+        slots = self._evictor.alloc(Tier.DEVICE, node.num_pages)
         if slots is not None:
             self._on_device(node, kv, slots)
             return True
-        slots = s.evictor.alloc(Tier.HOST, node.num_pages)
+        slots = self._evictor.alloc(Tier.HOST, node.num_pages)
         if slots is None:
             return False
         s.host_pool.write(slots, kv)
@@ -69,39 +78,29 @@ class Writer:
         if s.config.write_policy == WritePolicy.WRITE_THROUGH:
             self.backup(node, to_storage=True)
 
-    def is_hot(self, node: Node) -> bool:
-        """write_through_selective: a node hit often enough is copied down the tiers."""
-        cfg = self.s.config
-        return cfg.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE and node.hits >= cfg.write_through_threshold
-
     def backup(self, node: Node, to_storage: bool) -> None:
         """Copy a node down (device -> host, then host -> storage) in the background."""
         s = self.s
         if node.host is None:
             if node.device is None or s.inflight.get(BACKING, node) is not None:
                 return
-            slots = s.evictor.alloc(Tier.HOST, node.num_pages)
+            slots = self._evictor.alloc(Tier.HOST, node.num_pages)
             if slots is None:
                 chunk = s.config.promote_chunk_pages
                 if node.num_pages > chunk and chunk <= s.host_pool.num_pages:
                     for part in s.tree.chunk(node, chunk):  # host room for chunks, not the node: piecewise
                         self.backup(part, to_storage)
                 return
-            s.completions.start_backup(node, slots, to_storage)
+            self._launcher.start_backup(node, slots, to_storage)
         elif to_storage:
             self.write_storage(node)
 
-    def parents(self, node: Node) -> List[Optional[bytes]]:
-        """Each page's parent key (the previous page of the chain), for tier 3's leaves-first order."""
-        tree = self.s.tree
-        above = tree.page_keys(node.parent) if node.parent is not None else []
-        return [above[-1] if above else None] + list(tree.page_keys(node)[:-1])
-
     def write_storage(self, node: Node) -> None:
+        """Copy a node's host pages down to tier 3 in the background (if it needs it and can)."""
         s = self.s
         if s.store is None or node.host is None or node.in_storage or s.inflight.get(WRITING, node) is not None:
             return
-        s.completions.start_write(node, self.parents(node))
+        self._launcher.start_write(node)
 
     def needs_cleaning(self) -> bool:
         """write_back: a memory tier is past its spill watermark (cache lock held)."""

@@ -14,7 +14,7 @@ must keep its id to find its own pages again, so nothing random goes into it):
   mounts are read: on a host, the mount table lists other containers' mounts, which come and go.
 
 The token (random per process start) travels in the node's heartbeat: a heartbeat renewed with
-another token than ours is another live process using our id (see RedisPrefixIndex._claim).
+another token than ours is another live process using our id (see redis_liveness.Heartbeat.claim).
 """
 
 from __future__ import annotations

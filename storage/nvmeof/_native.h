@@ -39,6 +39,7 @@ int rt_submit_queued(struct io_uring *ring, int queued, int *err, int64_t deadli
 extern PyTypeObject RtPageBatchType;
 PyObject *rt_ring_read_pages(RingObject *self, PyObject *args);
 PyObject *rt_ring_write_pages(RingObject *self, PyObject *args);
+int rt_pagebatch_add_constants(PyObject *m); /* LAYOUT and STATUS dicts (see _pagebatch.c) */
 extern const char rt_read_pages_doc[];
 extern const char rt_write_pages_doc[];
 

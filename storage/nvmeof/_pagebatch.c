@@ -940,3 +940,36 @@ const char rt_write_pages_doc[] =
 
 PyObject *rt_ring_read_pages(RingObject *self, PyObject *args) { return batch_call(self, args, 0); }
 PyObject *rt_ring_write_pages(RingObject *self, PyObject *args) { return batch_call(self, args, 1); }
+
+/* The format constants and status codes this file was compiled with, as the module's LAYOUT and
+ * STATUS dicts: Python (storage/nvmeof/layout.py NATIVE_LAYOUT, status.py PageStatus) holds the
+ * same values, and the io_uring engine refuses a build whose values differ (io_engine.py). */
+static int add_ints(PyObject *m, const char *dict_name, const char *const *names, const long *values, int n) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(values[i]);
+        if (v == NULL || PyDict_SetItemString(d, names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    if (PyModule_AddObject(m, dict_name, d) < 0) {
+        Py_DECREF(d);
+        return -1;
+    }
+    return 0;
+}
+
+int rt_pagebatch_add_constants(PyObject *m) {
+    static const char *const layout_names[] = {"BLOCK", "HEADER_BODY", "FORMAT_VERSION", "KEY_BYTES",
+                                               "ENTRY_BYTES", "ENTRY_BODY", "ENTRY_MAGIC", "STATE_USED"};
+    static const long layout_values[] = {BLK, HDR_BODY, FORMAT_VERSION, KEY_BYTES,
+                                         ENTRY_BYTES, ENTRY_BODY, ENTRY_MAGIC, STATE_USED};
+    static const char *const status_names[] = {"OK", "IO", "HEADER", "CHECKSUM", "NOT_RUN", "STALE"};
+    static const long status_values[] = {ST_OK, ST_IO, ST_HEADER, ST_CHECKSUM, ST_NOT_RUN, ST_STALE};
+    if (add_ints(m, "LAYOUT", layout_names, layout_values, 8) < 0) return -1;
+    return add_ints(m, "STATUS", status_names, status_values, 6);
+}

@@ -553,7 +553,7 @@ PyMODINIT_FUNC PyInit__uring(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddIntConstant(m, "CRC32C_HARDWARE", rt_crc32c_hardware()) < 0) {
+    if (PyModule_AddIntConstant(m, "CRC32C_HARDWARE", rt_crc32c_hardware()) < 0 || rt_pagebatch_add_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

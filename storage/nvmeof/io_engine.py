@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from radixtier.storage.api import PageSegments, native_buffer
+from radixtier.storage.nvmeof.layout import NATIVE_LAYOUT
+from radixtier.storage.nvmeof.status import PageStatus
 from radixtier.storage.validate import positive_int
 
 log = logging.getLogger("radixtier.storage.io")
@@ -197,12 +199,29 @@ def uring_unusable_reason() -> Optional[str]:
                 _uring_reason = (f"radixtier's io_uring extension is not built ({exc}); install liburing-dev "
                                  f"and reinstall radixtier (bash scripts/setup.sh)")
             else:
+                mismatch = native_mismatch(_uring)
+                if mismatch:
+                    _uring_reason = (f"radixtier's io_uring extension was built from other sources ({mismatch}); "
+                                     f"rebuild it (bash scripts/setup.sh)")
+                    return _uring_reason
                 try:
                     _uring.Ring(2).close()
                     _uring_reason = ""
                 except OSError as exc:
                     _uring_reason = f"the kernel refused an io_uring instance: {exc.strerror or exc}"
         return _uring_reason or None
+
+
+def native_mismatch(module) -> str:
+    """'' when the native core's format constants and status codes are Python's; else what differs.
+    One definition each (layout.py, status.py), checked against the C build at load, not in a test."""
+    want = {"LAYOUT": NATIVE_LAYOUT, "STATUS": {s.name: s.value for s in PageStatus}}
+    for name, values in want.items():
+        have = vars(module).get(name)  # None from a build older than these dicts
+        if have != values:
+            diff = sorted(k for k in set(values) | set(have or {}) if (have or {}).get(k) != values.get(k))
+            return f"{name} differs in {', '.join(diff)}"
+    return ""
 
 
 class UringIO:

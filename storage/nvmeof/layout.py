@@ -50,6 +50,11 @@ STATE_FREE = 0
 STATE_USED = 1
 LEASE_CLEAN = 1  # released by a clean close: the table needs no re-check
 LEASE_HELD = 2  # open (or its holder crashed): recovery re-checks slot headers
+# What the native page core (_pagebatch.c) must have been compiled with: it exports its #defines
+# as _uring.LAYOUT, and the io_uring engine refuses a build whose values differ from these.
+NATIVE_LAYOUT = {"BLOCK": BLOCK, "HEADER_BODY": _HDR.size, "FORMAT_VERSION": FORMAT_VERSION, "KEY_BYTES": KEY_BYTES,
+                 "ENTRY_BYTES": ENTRY_BYTES, "ENTRY_BODY": _ENTRY.size, "ENTRY_MAGIC": _ENTRY_MAGIC,
+                 "STATE_USED": STATE_USED}
 
 
 class FormatError(ValueError):
