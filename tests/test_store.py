@@ -569,3 +569,65 @@ def test_close_waits_for_a_running_read_and_refuses_new_calls(tmp_path, monkeypa
     assert result["ok"] == [True] * 4 and all(torch.equal(out[i], content(i)) for i in range(4))
     with pytest.raises(RuntimeError, match="closed"):
         s.get([key(0)], [out[0]])
+
+
+def test_an_empty_file_without_capacity_is_no_namespace_not_a_missing_one(tmp_path):
+    """Only a missing path, or an empty file the caller asked to create (create_bytes), is created;
+    an empty file otherwise is read like any target and refused as no namespace (found by review:
+    the split store said "not a formatted namespace; give create_bytes" and SGLang's attach let a
+    bare FileNotFoundError out)."""
+    from radixtier.storage.nvmeof.layout import FormatError
+
+    path = tmp_path / "ns.img"
+    path.write_bytes(b"")
+    with pytest.raises(FormatError):
+        NvmeofPageStore(str(path))
+    assert path.stat().st_size == 0
+    with pytest.raises(FileNotFoundError):
+        NvmeofPageStore(str(tmp_path / "missing.img"))
+
+
+def test_a_namespace_handed_to_the_store_is_closed_when_the_store_refuses(tmp_path):
+    """The store takes an opened namespace over: whatever it refuses (an unknown option, a bad node
+    id, a page size the namespace does not have), the descriptor is closed, never leaked."""
+    from radixtier.storage.nvmeof.namespace import open_namespace
+
+    path = str(tmp_path / "ns.img")
+    NvmeofPageStore(path, PAGE, create_bytes=8 << 20).close()
+    for kwargs, error in (({"queue_dpeth": 4}, TypeError), ({"node_id": "a:b"}, ValueError),
+                          ({"page_bytes": PAGE * 2}, ValueError), ({"partition": 5}, ValueError)):
+        ns = open_namespace(path)
+        page_bytes = kwargs.pop("page_bytes", None)
+        with pytest.raises(error):
+            NvmeofPageStore(ns, page_bytes, **kwargs)
+        assert ns.target.fd == -1, kwargs
+
+
+def test_a_put_that_fails_inside_its_commit_gives_each_slot_back_once(tmp_path, monkeypatch):
+    """A failure after some of a batch's slots were committed or released (here: the eviction order
+    refuses the third page) gives back only the rest, once each: no slot on the free list twice
+    (which would hand one slot to two pages), none lost, the index and the order agree."""
+    from radixtier.storage import eviction
+
+    s = open_store(str(tmp_path / "ns.img"), io_engine="threads")
+    real, calls = eviction.EvictionOrder.add, [0]
+
+    def failing_add(self, key, parent=None, pinned=False):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise MemoryError("injected")
+        return real(self, key, parent, pinned)
+
+    monkeypatch.setattr(eviction.EvictionOrder, "add", failing_add)
+    with pytest.raises(MemoryError):
+        s.put([key(i) for i in range(6)], [content(i) for i in range(6)])
+    monkeypatch.setattr(eviction.EvictionOrder, "add", real)
+    slots = s._slots
+    with slots.lock:
+        free = list(slots._free)
+        used = [v[0] for v in slots.index.values()]
+        assert len(free) == len(set(free)), "a slot is on the free list twice"
+        assert sorted(free + used) == list(range(s.capacity_pages)), "a slot was lost or doubled"
+        assert set(slots.index) == set(slots.order)
+    assert len(s) == 2 and all(s.put([key(i) for i in range(6)], [content(i) for i in range(6)]).ok)
+    s.close()

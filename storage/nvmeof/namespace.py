@@ -67,7 +67,9 @@ def open_namespace(path: str, page_bytes: Optional[int] = None, *, create_bytes:
         positive_int("page_bytes", create_page_bytes)
     if create_bytes:
         positive_int("capacity", create_bytes)
-    created = will_create(path)
+    # nothing there: create it (or say how); an empty file is created only when asked to (create_bytes),
+    # else it is read like any target and refused as no namespace
+    created = not os.path.exists(path) or (bool(create_bytes) and will_create(path))
     if created:
         if not create_bytes or create_page_bytes is None:
             raise FileNotFoundError(f"path: {path} is not a formatted namespace; give page_bytes and "

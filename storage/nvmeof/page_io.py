@@ -253,7 +253,7 @@ class PythonPageIO:
 
         def done(m: int, r: int) -> None:
             members, op = merged[m]
-            if r < 0 and not first_err[0]:
+            if r < 0 and (not first_err[0] or r == -errno.ETIME):  # ETIME (fenced) wins: deterministic
                 first_err[0] = -r
             for j in members:
                 ok[j] = r == op.nbytes

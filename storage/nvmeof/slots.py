@@ -178,9 +178,14 @@ class SlotTable:
         self._free.extend(slots)
 
     def commit_locked(self, key: bytes, placed: Slot) -> None:
-        """A written, table-flushed page becomes visible to readers."""
-        self.index[key] = placed
+        """A written, table-flushed page becomes visible to readers (in the order and the index, or
+        in neither: a failure here leaves the slot to put()'s clean-up, never half-indexed)."""
         self.order.add(key, placed[PARENT])
+        try:
+            self.index[key] = placed
+        except BaseException:
+            self.order.remove(key)
+            raise
 
     def remove_locked(self, key: bytes, blocks: List[int]) -> bool:
         """delete() of one key: not while it is being read. Its table block goes in `blocks`."""

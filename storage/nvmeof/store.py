@@ -73,15 +73,16 @@ class NvmeofPageStore:
     def __init__(self, path: Union[str, OpenedNamespace], page_bytes: Optional[int] = None, *, partition: int = 0,
                  node_id: str = "local", create_bytes: int = 0, partitions: int = 1,
                  config: Optional[StoreConfig] = None, **options: object) -> None:
-        unknown = set(options) - StoreConfig.keys()
-        if unknown:
-            raise TypeError(f"NvmeofPageStore: unknown option {sorted(unknown)[0]!r} (options: "
-                            f"{', '.join(sorted(StoreConfig.keys()))})")
-        if config is None:
-            cfg = StoreConfig(**options)  # type: ignore[arg-type]
-        else:
-            cfg = replace(config, **options) if options else config  # validated again, with the overrides
-        validate_node_id("node_id", node_id)
+        try:
+            cfg = self._config(config, options)
+            validate_node_id("node_id", node_id)
+            if isinstance(path, OpenedNamespace) and page_bytes is not None and page_bytes != path.sb.page_bytes:
+                raise ValueError(f"page_bytes: {path.path} holds pages of {path.sb.page_bytes} bytes, asked for "
+                                 f"{page_bytes}")
+        except BaseException:
+            if isinstance(path, OpenedNamespace):
+                path.close()  # handed over: closed here, whatever failed
+            raise
         self.config = cfg
         self.node_id = node_id
         self.sync = cfg.sync
@@ -103,6 +104,17 @@ class NvmeofPageStore:
                 self._engine.close()
             ns.close()
             raise
+
+    @staticmethod
+    def _config(config: Optional[StoreConfig], options: Dict[str, object]) -> StoreConfig:
+        """`config` (or the defaults) with keyword overrides, validated; unknown options refused by name."""
+        unknown = set(options) - StoreConfig.keys()
+        if unknown:
+            raise TypeError(f"NvmeofPageStore: unknown option {sorted(unknown)[0]!r} (options: "
+                            f"{', '.join(sorted(StoreConfig.keys()))})")
+        if config is None:
+            return StoreConfig(**options)  # type: ignore[arg-type]
+        return replace(config, **options) if options else config  # validated again, with the overrides
 
     # ---------------------------------------------------------------- opening and recovery
     def _open(self, ns: OpenedNamespace, partition: int) -> None:
@@ -276,25 +288,29 @@ class NvmeofPageStore:
                 gens = slots.generations_locked(len(plan))
                 plan = [(i, key, parent, slot, gens[j]) for j, (i, key, parent, slot, _g) in enumerate(plan)]
         if plan:
+            settled = bytearray(len(plan))  # 1 once page j's slot was committed or given back
             try:
-                self._write(bufs, lengths, plan, ok)
+                self._write(bufs, lengths, plan, ok, settled)
             except BaseException:
-                with slots.lock:  # slots of pages that did not become visible go back
-                    slots.release_locked(slot for _i, key, _p, slot, _g in plan
-                                         if (slots.index.get(key) or (None,))[SLOT] != slot)
+                with slots.lock:  # the rest go back free, exactly once, their in-memory entries cleared
+                    for j, (_i, _key, _p, slot, _g) in enumerate(plan):
+                        if not settled[j]:
+                            slots.set_entry_locked(slot, FREE_ENTRY)
+                            slots.release_locked((slot,))
                 raise
         for i, j in dups:
             ok[i] = ok[j]
         return PutResult(ok, evicted, already, sum(ok[p[0]] for p in plan))
 
     def _write(self, bufs: PageBuffers, lengths: List[int], plan: List[Tuple[int, bytes, Optional[bytes], int, int]],
-               ok: List[bool]) -> None:
+               ok: List[bool], settled: bytearray) -> None:
         """Data, then durability, then the table entries, then the in-memory index: a page exists
-        for readers (here and after a crash) only once its bytes are on the device."""
+        for readers (here and after a crash) only once its bytes are on the device. `settled[j]` is
+        set as page j's slot is committed or given back (put() gives back the rest if this raises)."""
         try:
             deadline = self._lease.write_deadline()
         except OSError as exc:
-            self._refuse_planned(plan, exc)
+            self._refuse_planned(plan, exc, settled)
             return
         status, sums, entries, err = self._io.write(bufs, plan, deadline)
         failed = len(status) - status.count(ALL_OK)
@@ -306,10 +322,10 @@ class NvmeofPageStore:
         if self.sync:
             os.fdatasync(self._t.fd)
         placed = [(slot, gen, lengths[i], sums[j], parent) for j, (i, _key, parent, slot, gen) in enumerate(plan)]
-        self._commit_written(plan, entries, placed, status, ok)
+        self._commit_written(plan, entries, placed, status, ok, settled)
 
     def _commit_written(self, plan: list, entries: bytes, placed: List[Slot], status: bytes,
-                        ok: List[bool]) -> None:
+                        ok: List[bool], settled: bytearray) -> None:
         """Written pages become visible: table entries, made durable, then the in-memory index.
         `entries` holds each planned page's packed table entry (ENTRY_BYTES apiece, plan order) and
         `placed` its index tuple: a batch is committed without building an object per page."""
@@ -337,10 +353,11 @@ class NvmeofPageStore:
                     if not table_ok:  # else a later flush of this block would write the entry out
                         slots.set_entry_locked(slot, FREE_ENTRY)
                     slots.release_locked((slot,))
+                settled[j] = 1
             self.counters.writes += pages
             self.counters.write_bytes += nbytes
 
-    def _refuse_planned(self, plan: list, exc: OSError) -> None:
+    def _refuse_planned(self, plan: list, exc: OSError, settled: bytearray) -> None:
         """put()'s check passed but no write may be issued now (the lease's deadline passed, or it
         was lost): nothing of the batch is written. Its slots go back free with their in-memory
         entries cleared (an evicted victim's included), so no later flush writes a stale entry."""
@@ -350,6 +367,7 @@ class NvmeofPageStore:
             for _i, _key, _parent, slot, _g in plan:
                 slots.set_entry_locked(slot, FREE_ENTRY)
             slots.release_locked(slot for _i, _key, _parent, slot, _g in plan)
+            settled[:] = b"\x01" * len(plan)
 
     def _fenced_during_write(self, pages: int, exc: OSError) -> None:
         """The lease's deadline passed (or it was lost) between put()'s check and the writes."""
