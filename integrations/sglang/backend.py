@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
@@ -36,43 +36,20 @@ from radixtier.integrations.sglang.arguments import (ArgumentError, RefusalLog, 
                                                      require_keys)
 from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError, shown_size
+from radixtier.integrations.sglang.counters import BackendCounters
 from radixtier.integrations.sglang.host_pools import host_regions, pool_format, pool_slots
 from radixtier.integrations.sglang.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
 from radixtier.storage.api import LocationTuple, PageLocation, PageSegments
 from radixtier.prometheus import MetricsReporter
 from radixtier.storage.publisher import Publisher
 
+if TYPE_CHECKING:  # pragma: no cover - loaded only when kv_events_endpoint is set
+    from radixtier.integrations.sglang.kv_events import Tier3Events
+
 log = logging.getLogger("radixtier.sglang")
 
 V1, FLAT = "v1", "flat"
 _HINTS = 65536  # remote page locations remembered between batch_exists and the read that follows
-
-
-class _BackendCounters:
-    """Per-interval page counts and bandwidths, in the shape SGLang's StorageMetrics wants."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.prefetch_pgs: List[int] = []
-        self.backup_pgs: List[int] = []
-        self.prefetch_bandwidth: List[float] = []
-        self.backup_bandwidth: List[float] = []
-        # pages_written: pages this call wrote; pages_already_stored: pages SGLang asked to back up that
-        # tier 3 held already (SGLang recomputed what it could have loaded; see _note_already_stored)
-        self.totals = {"exists_calls": 0, "pages_local": 0, "pages_remote": 0, "pages_missed": 0,
-                       "pages_written": 0, "pages_already_stored": 0, "pages_write_failed": 0,
-                       "pages_skipped_not_writer": 0, "errors": 0}
-
-    def record(self, read: bool, pages: int, nbytes: int, seconds: float) -> None:
-        gbps = nbytes / max(seconds, 1e-9) / 1e9
-        with self.lock:
-            (self.prefetch_pgs if read else self.backup_pgs).append(pages)
-            (self.prefetch_bandwidth if read else self.backup_bandwidth).append(gbps)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for k, v in counts.items():
-                self.totals[k] += v
 
 
 class RadixTierStorage(HiCacheStorage):
@@ -96,12 +73,13 @@ class RadixTierStorage(HiCacheStorage):
         self._prom: Optional[MetricsReporter] = None  # radixtier: metrics, when SGLang's metrics are on
         self._index = None
         self._publisher: Optional[Publisher] = None
+        self._events: Optional["Tier3Events"] = None  # tier-3 KV events, when kv_events_endpoint is set
         self._closed = False
         # remote page locations between batch_exists and the read, as plain tuples of atoms
         # (namespace, slot, generation, length, checksum): the collector does not track them
         self._hints: "OrderedDict[bytes, tuple]" = OrderedDict()
         self._hints_lock = threading.Lock()
-        self._stats = _BackendCounters()
+        self._stats = BackendCounters()
         self._refusals = RefusalLog()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
         self._warned_no_prefix = False
@@ -166,11 +144,27 @@ class RadixTierStorage(HiCacheStorage):
                 if self.storage_config.enable_storage_metrics:  # SGLang's --enable-metrics
                     # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
                     self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
+                self._events = self._open_events()
                 self._store = store
                 self._register_host_memory(store)
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
         return self._store
+
+    def _open_events(self) -> Optional["Tier3Events"]:
+        """Tier-3 KV events, on the rank SGLang itself publishes from (pp, attention TP and CP rank 0:
+        one stream per KV cache); off (and kv_events.py never imported) without an endpoint."""
+        cfg = self.config
+        if not cfg.kv_events_endpoint or self.rank.tp_rank or self.rank.pp_rank or self.rank.cp_rank:
+            return None
+        from radixtier.integrations.sglang.kv_events import EventsConfig, Tier3Events
+
+        block_size = int(getattr(self.mem_pool_host, "page_size", 1) or 1)  # SGLang's pool attribute
+        events = Tier3Events(EventsConfig(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic),
+                             block_size, dp_rank=self.rank.dp_rank)
+        log.info("radixtier: tier-3 KV events (medium DISK) on %s, topic %r", cfg.kv_events_endpoint,
+                 cfg.kv_events_topic)
+        return events
 
     def _open_partition(self, page_bytes: int):
         """This rank's partition; a capacity under the free space (check_room passed) but past the
@@ -258,7 +252,10 @@ class RadixTierStorage(HiCacheStorage):
                 return self._skip_not_writer(len(keys))
             chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
             chain.parents = [None] * len(keys)  # a legacy batch is not promised to be one chain
-            return self._write(KV_POOL, chain, [host_tensor(v) for v in values])
+            ok = self._write(KV_POOL, chain, [host_tensor(v) for v in values])
+            if self._events is not None:
+                self._events.stored(keys, None, chain.keys, ok, chained=False)
+            return ok
         return all(self._guard("batch_set", len(keys), run))
 
     def exists(self, key: str) -> bool:
@@ -377,7 +374,10 @@ class RadixTierStorage(HiCacheStorage):
             return self._skip_not_writer(len(keys))
         bufs, _ = self._page_buffers(name, pool, host_indices, len(keys), interface, for_read=False)
         chain = self.keys.chain(keys, prefix, self._format(name), interface, continues)
-        return self._write(name, chain, bufs)
+        ok = self._write(name, chain, bufs)
+        if self._events is not None and name == KV_POOL:
+            self._events.stored(keys, prefix[-1] if prefix and continues else None, chain.keys, ok)
+        return ok
 
     def _skip_not_writer(self, n: int) -> List[bool]:
         """Acknowledge a replicated page on an MLA non-writer rank: the storage writer stores it."""
@@ -491,6 +491,8 @@ class RadixTierStorage(HiCacheStorage):
         if res.already_stored:
             self._note_already_stored(res.already_stored)
         self._publish(chain, res.ok, evicted)
+        if self._events is not None:
+            self._events.removed(evicted)
         prom, publisher = self._prom, self._publisher
         if prom is not None:
             prom.observe("storage_write_seconds", elapsed)
@@ -548,6 +550,8 @@ class RadixTierStorage(HiCacheStorage):
             store.clear()
             if self._publisher is not None:
                 self._publisher.removed(keys)
+            if self._events is not None:
+                self._events.cleared()
             with self._hints_lock:
                 self._hints.clear()
             log.info("radixtier: cleared %d pages from %s partition %d", len(keys), self.config.path, store.partition)
@@ -558,14 +562,7 @@ class RadixTierStorage(HiCacheStorage):
 
     def get_stats(self):
         """SGLang's StorageMetrics for the interval since the last call (SGLang logs them as histograms)."""
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-
-        s = self._stats
-        with s.lock:
-            m = StorageMetrics(prefetch_pgs=s.prefetch_pgs, backup_pgs=s.backup_pgs,
-                               prefetch_bandwidth=s.prefetch_bandwidth, backup_bandwidth=s.backup_bandwidth)
-            s.prefetch_pgs, s.backup_pgs, s.prefetch_bandwidth, s.backup_bandwidth = [], [], [], []
-        return m
+        return self._stats.take_interval()
 
     def radixtier_stats(self) -> Dict[str, Any]:
         """Totals since start: pages by source, writes, errors, and the store's own counters."""
@@ -575,6 +572,8 @@ class RadixTierStorage(HiCacheStorage):
             totals["store"] = self._store.stats()
         if self._publisher is not None:
             totals["index"] = self._publisher.health()
+        if self._events is not None:
+            totals["kv_events"] = self._events.stats()
         return totals
 
     def close(self) -> None:
@@ -582,9 +581,11 @@ class RadixTierStorage(HiCacheStorage):
             if self._closed:
                 return
             self._closed = True
-            index, store = self._index, self._store
-            self._index = self._store = self._publisher = None
+            index, store, events = self._index, self._store, self._events
+            self._index = self._store = self._publisher = self._events = None
         try:
+            if events is not None:
+                events.close()
             if index is not None:
                 index.close()
         finally:

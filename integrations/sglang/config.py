@@ -44,6 +44,7 @@ STORE_KEYS = StoreConfig.keys()
 NODE_ID_BASE_BYTES = validate.NODE_ID_MAX_BYTES - 8  # room for the ".r<rank>" suffix of multi-rank nodes
 REDIS_URL_MAX_CHARS = 4096  # far past any real URL (a long ACL password included); a value this long is a mistake
 SHOWN_CHARS = 64            # how much of a long value an error message echoes back
+ZMQ_TRANSPORTS = ("tcp", "ipc", "inproc")  # where tier-3 KV events may be published
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")  # one DNS label (underscores: container and compose names)
 
 
@@ -68,6 +69,11 @@ class BackendConfig:
     node_id: str = field(default_factory=default_node_id)  # <host>-<8 hex of machine and container id>
     redis: RedisIndexConfig = field(default_factory=_default_redis)  # the REDIS_KEYS; url "" = no Redis
     store: StoreConfig = field(default_factory=StoreConfig)  # the STORE_KEYS: how the page store runs
+    # tier-3 KV events in SGLang's wire format (kv_events.py): a ZMQ endpoint such as "tcp://*:5600"
+    # ('' = off; its port is offset by the DP rank, as SGLang's own publisher's is)
+    kv_events_endpoint: str = ""
+    kv_events_replay_endpoint: str = ""  # optional ROUTER endpoint serving missed batches
+    kv_events_topic: str = "radixtier"
 
     @classmethod
     def keys(cls) -> frozenset:
@@ -134,6 +140,12 @@ class BackendConfig:
             validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            value = getattr(self, name)
+            if value and (len(value) > SHOWN_CHARS * 4 or value.split("://", 1)[0] not in ZMQ_TRANSPORTS
+                          or "://" not in value):
+                raise ConfigError(f"{name}: expected a ZMQ endpoint ({', '.join(t + '://...' for t in ZMQ_TRANSPORTS)}"
+                                  f", e.g. \"tcp://*:5600\"), got {_shown(value)}")
         if isinstance(self.redis.url, str) and self.redis.url:
             _check_redis_url(self.redis.url)
         try:
