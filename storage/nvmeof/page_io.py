@@ -99,6 +99,14 @@ class NativePageIO:
 
 
 # ---------------------------------------------------------------------------- Python
+def header_matches(h: Optional[SlotHeader], slot: int, key: bytes, generation: int, length: int, csum: int,
+                   uuid: str) -> bool:
+    """A slot header proves a page only when every field names it: this slot, key, generation,
+    length, checksum and namespace (the Python read path and recovery's check both ask this)."""
+    return (h is not None and h.key == key and h.generation == generation and h.length == length
+            and h.checksum == csum and h.slot == slot and h.uuid == uuid)
+
+
 def segments(buf, writable: bool = False) -> List[memoryview]:
     """A page buffer, or a list of segments (e.g. SGLang's K and V pointers for one page)."""
     try:
@@ -164,8 +172,7 @@ class PythonPageIO:
             if not io_ok:
                 return  # stays IO
             h = SlotHeader.unpack(headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES])
-            if not (h is not None and h.key == keys[j] and h.generation == gen and h.length == length
-                    and h.checksum == csum and h.slot == slot and h.uuid == self._g.uuid):
+            if not header_matches(h, slot, keys[j], gen, length, csum, self._g.uuid):
                 stale = h is not None and h.slot == slot and (h.key != keys[j] or h.generation != gen)
                 status[j] = PageStatus.STALE if stale else PageStatus.HEADER
                 return
@@ -288,8 +295,7 @@ def verify_slots(engine, geometry: Geometry, used: List[Tuple[int, TableEntry]],
         for j, ((slot, e), r) in enumerate(zip(part, res)):
             view = buf[j * size:(j + 1) * size]
             h = SlotHeader.unpack(view) if r >= size else None
-            if not (h is not None and h.key == e.key and h.generation == e.generation and h.length == e.length
-                    and h.checksum == e.checksum and h.slot == slot and h.uuid == geometry.uuid):
+            if not header_matches(h, slot, e.key, e.generation, e.length, e.checksum, geometry.uuid):
                 bad.add(slot)
             elif full and checksum(view[HEADER_BYTES:HEADER_BYTES + e.length]) != e.checksum:
                 bad.add(slot)
