@@ -209,6 +209,49 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return run_server_demo(a)
 
 
+def _cmd_pool_events(a: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from radixtier.integrations.sglang.config import ZMQ_TRANSPORTS
+
+    if not 0.1 <= a.report_s <= 86400:  # also refuses nan
+        raise ValueError(f"--report-s: expected 0.1..86400 seconds, got {a.report_s}")
+    for name, value in [("--source", s) for s in a.source] + [("--endpoint", a.endpoint),
+                                                              ("--replay-endpoint", a.replay_endpoint)]:
+        if value is not None and ("://" not in value or value.split("://", 1)[0] not in ZMQ_TRANSPORTS):
+            raise ValueError(f"{name}: expected a ZMQ endpoint such as tcp://host:5557, got {value[:200]!r}")
+    from radixtier.integrations.sglang.pool_http import parse_listen, serve
+    from radixtier.integrations.sglang.pool_stream import PoolStream
+
+    if a.http is not None:
+        parse_listen(a.http)
+    pool = PoolStream(a.source, a.endpoint, a.replay_endpoint, topic=a.topic, source_topic=a.source_topic)
+    http = None
+    try:
+        http = serve(pool, a.http) if a.http is not None else None
+    except OSError:
+        pool.close()
+        raise
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"radixtier pool-events: {len(a.source)} node stream(s) -> {a.endpoint} (medium EXTERNAL)"
+          + (f"; POST http://{a.http}/fleet_view" if a.http else "") + "; Ctrl-C stops", flush=True)
+    try:
+        while not stop.wait(a.report_s):
+            st = pool.stats()
+            print(f"blocks in pool {st['blocks_in_pool']:,}  stored {st['blocks_stored']:,}  removed "
+                  f"{st['blocks_removed']:,}  batches in {st['batches_in']:,} out {st['batches_out']:,}  "
+                  f"undecodable {st['decode_errors']}  untracked {st['untracked']}", flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if http is not None:
+            http.shutdown()
+        pool.close()
+    return 0
+
+
 def build_parser(command: Optional[str] = None, embedded: bool = False) -> argparse.ArgumentParser:
     """The parser; the demo's own options (which import torch and the toy model) are added only
     when `command` is "demo", so format/inspect stay light: SGLang's real server demo's, or with
@@ -255,6 +298,27 @@ def build_parser(command: Optional[str] = None, embedded: bool = False) -> argpa
     gc = xs.add_parser("gc", help="remove dead nodes' records now")
     _add_index_arguments(gc)
     x.set_defaults(fn=_cmd_index, action=None)
+    pe = sub.add_parser("pool-events", help="the shared namespace's tier-3 pages as one KV-event stream "
+                                            "(medium EXTERNAL) for the fleet's router",
+                        description="Subscribe to the nodes' KV-event streams (SGLang's --kv-events-config with "
+                                    "publisher radixtier) and publish, in SGLang's format, the pages any node "
+                                    "holds in the shared namespace: BlockStored (EXTERNAL) when the first node "
+                                    "announces a page, BlockRemoved when the last one removes it. Register the "
+                                    "stream with the router as one more source: a match on it means any node "
+                                    "attached to the namespace can load that prefix from tier 3.",
+                        epilog="example: radixtier pool-events --source tcp://node-a:5557 --source "
+                               "tcp://node-b:5557 --endpoint 'tcp://*:5600'")
+    pe.add_argument("--source", action="append", required=True, metavar="ENDPOINT",
+                    help="a node's KV-event endpoint (repeat for every node)")
+    pe.add_argument("--endpoint", required=True, help="where to publish the pool's stream, e.g. tcp://*:5600")
+    pe.add_argument("--replay-endpoint", default=None, help="optional ZMQ ROUTER endpoint for missed batches")
+    pe.add_argument("--topic", default="", help="topic of the pool's stream (default: none)")
+    pe.add_argument("--source-topic", default="", help="topic the nodes publish on (default: all)")
+    pe.add_argument("--http", default=None, metavar="HOST:PORT",
+                    help="also answer POST /fleet_view {\"block_hashes\": [...]} here: per node, the leading "
+                         "blocks in its own tier 3 (disk) and in the shared pool (external)")
+    pe.add_argument("--report-s", type=float, default=10.0, help="seconds between status lines (default 10)")
+    pe.set_defaults(fn=_cmd_pool_events)
     pl = sub.add_parser("plan", help="predict TTFT and throughput: recompute vs local NVMe vs tiered NVMe-oF",
                         description="A cost model (radixtier/plan.py states every assumption) of TTFT and "
                                     "throughput for recomputing a prefix, reloading it from local NVMe, and "

@@ -58,6 +58,12 @@ if [ "$want_test" = 1 ]; then
     pip install -q -e '.[test,demo]'
     touch "$stamp.test"
   fi
+  if [ ! -f "$stamp.dynamo" ]; then
+    # Dynamo's standalone KV indexer checks radixtier's KV events as a router reads them. --no-deps:
+    # its declared dependencies would downgrade pydantic under SGLang; the indexer needs none of them.
+    pip install -q --no-deps ai-dynamo-runtime==1.6.1
+    touch "$stamp.dynamo"
+  fi
   missing=""
   command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
   command -v fio >/dev/null 2>&1 || missing="$missing fio"

@@ -3,6 +3,7 @@ publisher, read back as a router would -- over ZMQ, decoded with SGLang's msgspe
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -62,7 +63,7 @@ def endpoints(tmp_path):
 
 def test_events_say_what_tier_3_holds_in_sglangs_format(endpoints):
     pub, replay = endpoints
-    ev = Tier3Events(EventsConfig(pub, replay, "rt"), block_size=64)
+    ev = Tier3Events.own_stream(EventsConfig(pub, replay, "rt"), block_size=64)
     try:
         keys, parent = chain_keys(4, "a"), chain_keys(1, "p")[0]
         sks = [bytes([i]) * 16 for i in range(4)]
@@ -92,7 +93,7 @@ def test_a_stalled_publisher_never_blocks_a_transfer_thread(endpoints, monkeypat
     real = ZmqEventPublisher.publish
     monkeypatch.setattr(ZmqEventPublisher, "publish", lambda self, batch: (release.wait(10), real(self, batch)))
     pub, replay = endpoints
-    ev = Tier3Events(EventsConfig(pub, replay), block_size=64, queue_batches=2)
+    ev = Tier3Events.own_stream(EventsConfig(pub, replay), block_size=64, queue_batches=2)
     try:
         keys = chain_keys(8, "b")
         t0 = time.monotonic()
@@ -142,3 +143,137 @@ def test_events_are_off_unless_an_endpoint_is_set_and_a_bad_one_is_refused_by_na
             BackendConfig.from_extra_config({"path": "/tmp/x.img", "kv_events_endpoint": bad})
     cfg = BackendConfig.from_extra_config({"path": "/tmp/x.img", "kv_events_endpoint": "tcp://*:5600"})
     assert (cfg.kv_events_endpoint, cfg.kv_events_topic) == ("tcp://*:5600", "radixtier")
+
+
+# ---------------------------------------------------------------- joined to SGLang's own stream
+
+PAGE_TOKENS = 16  # the test pools' page size (radixtier.testing.sglang_pools.PAGE)
+
+
+def page_tokens(i: int) -> list:
+    return [1000 + PAGE_TOKENS * i + j for j in range(PAGE_TOKENS)]
+
+
+def gpu_stored(hashes: list, parent, pages: list) -> KVEventBatch:
+    """What SGLang's scheduler publishes when its device tree takes pages (coalesced, as SGLang does)."""
+    return KVEventBatch(ts=time.time(), events=[BlockStored(
+        block_hashes=hashes, parent_block_hash=parent, token_ids=[t for p in pages for t in page_tokens(p)],
+        block_size=PAGE_TOKENS, lora_id=None, medium="GPU")])
+
+
+@pytest.fixture
+def sglang_stream(endpoints):
+    """radixtier's publisher as SGLang builds it from `--kv-events-config`; made by the test after
+    the backend attached, as in SGLang's scheduler (tree cache first, publisher second)."""
+    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
+
+    from radixtier.integrations.sglang.plugin import register_event_publisher
+
+    register_event_publisher()
+    pub, replay = endpoints
+    made = []
+
+    def make():
+        made.append(EventPublisherFactory.create(json.dumps(
+            {"publisher": "radixtier", "endpoint": pub, "replay_endpoint": replay, "topic": "kv"})))
+        return made[-1]
+    yield make
+    for stream in made:
+        stream.shutdown()
+
+
+def test_tier3_joins_sglangs_stream_with_sglangs_tokens_and_survives_a_flush(tmp_path, endpoints, sglang_stream):
+    """With SGLang's events on radixtier's publisher: tier-3 pages are announced in SGLang's own
+    stream with the tokens SGLang announced for the same hashes (a page waits for them); after
+    SGLang's AllBlocksCleared (a /flush_cache) what tier 3 holds is announced again; a backend
+    clear() removes tier 3's pages (DISK) and never sends AllBlocksCleared."""
+    _pub, replay = endpoints
+    b = attach(make_host_pool("page_first"), {"path": str(tmp_path / "ns.img"), "capacity": "64MiB",
+                                              "node_id": "node-a", "kv_events_token_wait_s": 60})
+    try:
+        assert "kv_events" not in b.radixtier_stats()  # nothing until SGLang builds the publisher
+        stream = sglang_stream()
+        keys = chain_keys(4, "j")
+        h = [hash_str_to_int64(k) for k in keys]
+        stream.publish(gpu_stored(h[:2], None, [0, 1]))
+        replayed(replay, 1)
+        assert b.batch_set_v1(keys, slots(0, 4), HiCacheStorageExtraInfo(prefix_keys=[])) == [True] * 4
+        got = replayed(replay, 2)  # pages 0 and 1: their tokens are known
+        stream.publish(gpu_stored(h[2:], h[1], [2, 3]))
+        got = replayed(replay, 4)  # pages 2 and 3 waited for theirs
+        stream.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()]))
+        got = replayed(replay, 6)
+        assert b.clear()
+        got = replayed(replay, 7)
+        disk = [(type(e).__name__, e.block_hashes, getattr(e, "parent_block_hash", None),
+                 getattr(e, "token_ids", None)) for e in events_of(got) if getattr(e, "medium", None) == "DISK"]
+        assert disk == [
+            ("BlockStored", h[:2], None, page_tokens(0) + page_tokens(1)),
+            ("BlockStored", h[2:], h[1], page_tokens(2) + page_tokens(3)),
+            ("BlockStored", h, None, [t for p in range(4) for t in page_tokens(p)]),  # again, after the flush
+            ("BlockRemoved", h, None, None)]
+        assert sum(isinstance(e, AllBlocksCleared) for e in events_of(got)) == 1  # SGLang's own, not ours
+        stats = b.radixtier_stats()["kv_events"]
+        assert (stats["reannounced"], stats["stored_without_tokens"], stats["sglang_batches_seen"]) == (4, 0, 3)
+    finally:
+        b.close()
+
+
+def test_a_page_whose_tokens_never_come_is_announced_without_them_and_counted(endpoints, sglang_stream):
+    _pub, replay = endpoints
+    stream = sglang_stream()
+    ev = Tier3Events.joined_to(stream, block_size=PAGE_TOKENS, token_wait_s=0.2)
+    try:
+        keys = chain_keys(2, "w")
+        ev.stored(keys, None, [b"\x01" * 16, b"\x02" * 16], [True, True])
+        got = events_of(replayed(replay, 1))
+        assert [(e.block_hashes, e.token_ids, e.medium) for e in got] == \
+            [([hash_str_to_int64(k) for k in keys], [], "DISK")]
+        assert ev.stats()["stored_without_tokens"] == 2
+    finally:
+        ev.close()
+
+
+def test_a_page_stored_again_is_said_once_parents_come_first_and_a_removal_is_never_lost(endpoints, sglang_stream):
+    """A page backed up again (a shared system prompt after a flush) is not announced again nor
+    moved behind its children; evicted after it was announced, its removal is sent even when it
+    was stored again meanwhile; a re-announce after SGLang's flush sends parents before children."""
+    _pub, replay = endpoints
+    stream = sglang_stream()
+    ev = Tier3Events.joined_to(stream, block_size=PAGE_TOKENS, token_wait_s=60)
+    try:
+        keys = chain_keys(3, "o")
+        h = [hash_str_to_int64(k) for k in keys]
+        sks = [bytes([i]) * 16 for i in range(3)]
+        ev.stored(keys[:2], None, sks[:2], [True, True])          # A -> B, waiting for tokens
+        ev.stored(keys[:1], None, sks[:1], [True])                # A again
+        stream.publish(gpu_stored(h[:2], None, [0, 1]))
+        assert ev.flush(10)
+        ev.stored(keys[1:], keys[0], sks[1:], [True, True])       # B again, then C (no tokens yet)
+        ev.removed([sks[1]])                                      # B evicted while C waits
+        stream.publish(gpu_stored(h[2:], h[1], [2]))
+        stream.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()]))
+        assert ev.flush(10)
+        disk = [(type(e).__name__, e.block_hashes, getattr(e, "parent_block_hash", None))
+                for e in events_of(replayed(replay, 7)) if getattr(e, "medium", None) == "DISK"]
+        assert disk == [("BlockStored", h[:2], None), ("BlockRemoved", [h[1]], None), ("BlockStored", [h[2]], h[1]),
+                        ("BlockStored", [h[0]], None), ("BlockStored", [h[2]], h[1])], disk
+    finally:
+        ev.close()
+
+
+def test_closing_takes_no_time_and_removes_what_was_announced(endpoints, sglang_stream):
+    _pub, replay = endpoints
+    stream = sglang_stream()
+    ev = Tier3Events.joined_to(stream, block_size=PAGE_TOKENS, token_wait_s=60)
+    keys = chain_keys(2, "z")
+    ev.stored(keys, None, [b"\x01" * 16, b"\x02" * 16], [True, True])
+    stream.publish(gpu_stored([hash_str_to_int64(k) for k in keys], None, [0, 1]))
+    assert ev.flush(10)
+    t0 = time.monotonic()
+    ev.close()
+    assert time.monotonic() - t0 < 1.0
+    got = [e for e in events_of(replayed(replay, 3)) if getattr(e, "medium", None) == "DISK"]
+    assert [type(e).__name__ for e in got] == ["BlockStored", "BlockRemoved"]
+    ev.stored(keys, None, [b"\x03" * 16] * 2, [True, True])  # after close: ignored, never blocks
+    assert ev.stats()["queued"] == 0

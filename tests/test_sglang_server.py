@@ -288,3 +288,126 @@ def test_the_demo_runs_sglangs_server_and_reports_tier3_reuse(tmp_path):
         for phase in ("after flush", "after restart"):
             assert phases[phase]["radixtier"]["storage_share"] > 0.3, phases[phase]["radixtier"]
             assert phases[phase]["recompute"]["storage_tokens"] == 0
+
+
+# ---------------------------------------------------------------- issue 30: a router sees tier 3
+def generate(s: SGLangServer, input_ids: list) -> None:
+    """A request by token ids (SGLang's native /generate), so the router can be asked about the same ids."""
+    r = requests.post(f"{s.url}/generate", json={"input_ids": input_ids,
+                                                  "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+                      timeout=300)
+    r.raise_for_status()
+
+
+def token_ids(seed: int, n: int) -> list:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(10, 90) for _ in range(n)]  # the toy's vocabulary is 100 ids
+
+
+@contextlib.contextmanager
+def capture(endpoint: str) -> Iterator[list]:
+    """Every batch published on `endpoint` while the block runs, decoded with SGLang's own types."""
+    import threading
+
+    import msgspec
+    import zmq
+    from sglang.srt.disaggregation.kv_events import KVEventBatch
+
+    batches: list = []
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    decoder, stop = msgspec.msgpack.Decoder(KVEventBatch), threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            if sub.poll(100):
+                batches.append(decoder.decode(sub.recv_multipart()[-1]))
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    try:
+        yield batches
+    finally:
+        stop.set()
+        thread.join(5)
+        sub.close()
+
+
+def test_dynamos_indexer_keeps_a_flushed_server_for_its_tier3_prefix_until_tier3_evicts(model, workdir,
+                                                                                         redis_server):
+    """Two real servers, one namespace and Redis, both on radixtier; Dynamo's standalone KV indexer
+    subscribed to both. A publishes through radixtier's publisher (tier 3 joined to SGLang's stream),
+    B through SGLang's own: after both flush their device and host, Dynamo still scores A for the
+    prompt it holds in tier 3 and has forgotten B (which could load it from tier 3 too, through the
+    shared namespace); once A's tier 3 evicts the prompt, A's score drops."""
+    from radixtier.testing.dynamo_indexer import DynamoIndexer, tokens_of
+    from radixtier.testing.redis_server import free_port
+    from radixtier.testing.skips import require_dynamo
+
+    require_dynamo()
+    ns = str(workdir / "router" / "ns.img")
+    pa, pb = free_port(), free_port()
+    # 2 partitions of 64 slots (128 KiB pages): a partition holds 4,096 tokens, so fillers evict
+    common = dict(redis_url=redis_server.url, device=DEVICE, capacity="20MiB", partitions=2)
+    a = server(model, workdir, "router-a", radixtier_args(ns, node_id="node-a", partition=0, **common)
+               + ["--kv-events-config", json.dumps({"publisher": "radixtier", "endpoint": f"tcp://*:{pa}"})])
+    b = server(model, workdir, "router-b", radixtier_args(ns, node_id="node-b", partition=1, **common)
+               + ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{pb}"})])
+    with a, b, explained(a, b), capture(f"tcp://127.0.0.1:{pa}") as stream_a:
+        indexer = DynamoIndexer(str(workdir), 64, {1: f"tcp://127.0.0.1:{pa}", 2: f"tcp://127.0.0.1:{pb}"})
+        try:
+            prompt = token_ids(1, 1500)
+            whole = len(prompt) // 64 * 64  # SGLang caches whole pages
+            for attempt in range(5):  # a subscriber joins a PUB socket late: ask until both are seen
+                generate(a, prompt)
+                generate(b, prompt)
+                seen = indexer.wait_for(prompt, lambda q: all(tokens_of(q, w, "gpu") >= whole for w in (1, 2)), 10)
+                if all(tokens_of(seen, w, "gpu") >= whole for w in (1, 2)):
+                    break
+            assert all(tokens_of(seen, w, "gpu") >= whole for w in (1, 2)), seen
+            wait_for_backups(a, at_least=whole // 64)
+            a.flush_cache()
+            b.flush_cache()
+            after_flush = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") >= whole and 2 not in q)
+            print("dynamo /query after flush:", after_flush)
+            assert tokens_of(after_flush, 1, "gpu") == 0 and tokens_of(after_flush, 1, "disk") >= whole, after_flush
+            assert tokens_of(after_flush, 2, "longest_matched") == 0, after_flush  # SGLang's own events: forgotten
+            for n in range(3):  # 3 x 2,000 tokens through A: its partition (4,096 tokens) evicts the prompt
+                generate(a, token_ids(100 + n, 2000))
+            after_evict = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") < whole, 60)
+            print("dynamo /query after A's tier 3 evicted:", after_evict)
+            assert tokens_of(after_evict, 1, "disk") < whole, after_evict
+            # one stream: SGLang's device events and tier 3's, the latter with the tokens SGLang gave
+            from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored
+
+            events = [e for batch in stream_a for e in batch.events]
+            device = {h: e.token_ids[i * 64:(i + 1) * 64] for e in events if isinstance(e, BlockStored)
+                      and e.medium == "GPU" for i, h in enumerate(e.block_hashes)}
+            disk = [e for e in events if isinstance(e, BlockStored) and e.medium == "DISK"]
+            assert disk and all(e.token_ids for e in disk)
+            for e in disk:
+                for i, h in enumerate(e.block_hashes):
+                    assert e.token_ids[i * 64:(i + 1) * 64] == device[h]
+            assert any(isinstance(e, BlockRemoved) and e.medium == "DISK" for e in events)
+            print("A's stream, decoded (the first event of each kind and medium):")
+            shown = set()
+            for e in events:
+                medium = e.medium if isinstance(e, (BlockStored, BlockRemoved)) else None
+                if (type(e), medium) in shown:
+                    continue
+                shown.add((type(e), medium))
+                line = f"  {type(e).__name__}"
+                if medium:
+                    line += f" medium={medium} blocks={len(e.block_hashes)} first={e.block_hashes[0]}"
+                if isinstance(e, BlockStored):
+                    line += (f" parent={e.parent_block_hash} block_size={e.block_size} tokens={len(e.token_ids)}"
+                             f" {e.token_ids[:6]}...")
+                print(line)
+        except BaseException:
+            print(indexer.log_tail())
+            raise
+        finally:
+            indexer.stop()

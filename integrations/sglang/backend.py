@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
@@ -37,14 +37,12 @@ from radixtier.integrations.sglang.arguments import (ArgumentError, RefusalLog, 
 from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
 from radixtier.integrations.sglang.config import BackendConfig, ConfigError, shown_size
 from radixtier.integrations.sglang.counters import BackendCounters
+from radixtier.integrations.sglang.events_link import EventsLink
 from radixtier.integrations.sglang.host_pools import host_regions, pool_format, pool_slots
 from radixtier.integrations.sglang.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
 from radixtier.storage.api import LocationTuple, PageLocation, PageSegments
 from radixtier.prometheus import MetricsReporter
 from radixtier.storage.publisher import Publisher
-
-if TYPE_CHECKING:  # pragma: no cover - loaded only when kv_events_endpoint is set
-    from radixtier.integrations.sglang.kv_events import Tier3Events
 
 log = logging.getLogger("radixtier.sglang")
 
@@ -73,7 +71,7 @@ class RadixTierStorage(HiCacheStorage):
         self._prom: Optional[MetricsReporter] = None  # radixtier: metrics, when SGLang's metrics are on
         self._index = None
         self._publisher: Optional[Publisher] = None
-        self._events: Optional["Tier3Events"] = None  # tier-3 KV events, when kv_events_endpoint is set
+        self._events: Optional[EventsLink] = None  # tier-3 KV events (events_link.py), from the store's open
         self._closed = False
         # remote page locations between batch_exists and the read, as plain tuples of atoms
         # (namespace, slot, generation, length, checksum): the collector does not track them
@@ -144,27 +142,15 @@ class RadixTierStorage(HiCacheStorage):
                 if self.storage_config.enable_storage_metrics:  # SGLang's --enable-metrics
                     # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
                     self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
-                self._events = self._open_events()
+                self._events = EventsLink(self.config, self.rank, self._block_size)
                 self._store = store
                 self._register_host_memory(store)
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
         return self._store
 
-    def _open_events(self) -> Optional["Tier3Events"]:
-        """Tier-3 KV events, on the rank SGLang itself publishes from (pp, attention TP and CP rank 0:
-        one stream per KV cache); off (and kv_events.py never imported) without an endpoint."""
-        cfg = self.config
-        if not cfg.kv_events_endpoint or self.rank.tp_rank or self.rank.pp_rank or self.rank.cp_rank:
-            return None
-        from radixtier.integrations.sglang.kv_events import EventsConfig, Tier3Events
-
-        block_size = int(getattr(self.mem_pool_host, "page_size", 1) or 1)  # SGLang's pool attribute
-        events = Tier3Events(EventsConfig(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic),
-                             block_size, dp_rank=self.rank.dp_rank)
-        log.info("radixtier: tier-3 KV events (medium DISK) on %s, topic %r", cfg.kv_events_endpoint,
-                 cfg.kv_events_topic)
-        return events
+    def _block_size(self) -> int:
+        return int(getattr(self.mem_pool_host, "page_size", 1) or 1)  # SGLang's pool attribute: tokens a page
 
     def _open_partition(self, page_bytes: int):
         """This rank's partition; a capacity under the free space (check_room passed) but past the
@@ -572,8 +558,9 @@ class RadixTierStorage(HiCacheStorage):
             totals["store"] = self._store.stats()
         if self._publisher is not None:
             totals["index"] = self._publisher.health()
-        if self._events is not None:
-            totals["kv_events"] = self._events.stats()
+        events = None if self._events is None else self._events.stats()
+        if events is not None:
+            totals["kv_events"] = events
         return totals
 
     def close(self) -> None:

@@ -74,6 +74,7 @@ class BackendConfig:
     kv_events_endpoint: str = ""
     kv_events_replay_endpoint: str = ""  # optional ROUTER endpoint serving missed batches
     kv_events_topic: str = "radixtier"
+    kv_events_token_wait_s: float = 2.0  # how long a backed-up page waits for SGLang to tell its tokens
 
     @classmethod
     def keys(cls) -> frozenset:
@@ -138,6 +139,7 @@ class BackendConfig:
         try:
             validate.positive_int("partitions", self.partitions, MAX_PARTITIONS)
             validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
+            validate.positive_seconds("kv_events_token_wait_s", self.kv_events_token_wait_s, 0.01, 600.0)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):

@@ -3,8 +3,18 @@ wire format (`BlockStored` / `BlockRemoved` with medium DISK, `AllBlocksCleared`
 
 SGLang 0.5.23 emits KV events for its GPU and CPU tiers only; a KV-aware router (Dynamo's, llm-d's,
 SGLang's gateway) therefore never learns that a node's prefix sits in tier 3. This module fills
-that gap with SGLang's own event classes and its own ZMQ publisher (PUB socket, sequence numbers,
-optional replay socket), so a consumer decodes tier-3 events with the code path it already has.
+that gap with SGLang's own event classes, in one of two streams:
+
+- **joined** (recommended): SGLang's `--kv-events-config` selects radixtier's publisher
+  (event_stream.py); tier-3 events go into SGLang's own stream, one sequence per worker, and the
+  publisher shows this module SGLang's batches, from which it learns each page's token ids
+  (page_tokens.py) and sees SGLang's `AllBlocksCleared` (a `/flush_cache`): routers take that as
+  "this worker holds nothing", so what tier 3 still holds is announced again right after it. A
+  backend `clear()` is announced as `BlockRemoved` (DISK) of its pages, never as `AllBlocksCleared`,
+  which would also wipe the router's view of the worker's GPU and CPU tiers;
+- **own**: extra_config `kv_events_endpoint`: a stream of tier-3 events alone, on SGLang's
+  `ZmqEventPublisher` (with a replay socket if `kv_events_replay_endpoint` is set). Token ids come
+  along when SGLang also uses radixtier's publisher; otherwise `token_ids` is empty.
 
 What the events say, and what they cannot:
 - block hashes are SGLang's: `hash_str_to_int64(key)` of the page-hash string SGLang hands the
@@ -12,16 +22,19 @@ What the events say, and what they cannot:
   `cache_salt` namespaces the request (with one, SGLang hashes its events with a seed the backend
   never sees, and the two streams name the page differently);
 - `parent_block_hash` is the previous page of the call's chain (the last prefix key for the first);
-- `token_ids` is empty: the backend receives page hashes, never tokens (a consumer that needs the
-  tokens takes them from SGLang's own BlockStored for the same hash);
+- `token_ids`: when SGLang's own events taught them (the newest `TOKEN_PAGES` pages). A page whose
+  tokens are not known yet waits for them up to `token_wait_s` (in order, so a chain's pages are
+  never announced before their parents), then is announced without tokens and counted
+  (`stored_without_tokens`; Dynamo's indexer ignores such a block);
 - a page tier 3 evicts is announced as `BlockRemoved` when this process wrote it recently enough to
   remember its hash (the newest `remembered_pages`); older evictions are counted as
-  `removals_unnamed` and not announced (the store keeps derived keys, not SGLang's hashes).
+  `removals_unnamed` and not announced (the store keeps derived keys, not SGLang's hashes). Pages
+  written before a restart are not announced until written again.
 
-Cost: nothing when off (no endpoint: this module is not even imported). When on, the transfer
-thread only appends one small record per batch to a bounded queue and never waits: a full queue
-drops the batch and counts it (`dropped`); one thread builds the events and hands them to SGLang's
-publisher (whose own queue may block that thread, never a transfer).
+Cost: nothing when off (this module is not even imported). When on, a transfer thread or SGLang's
+scheduler thread only appends one small record per batch to a bounded queue and never waits: a full
+queue drops the record and counts it (`dropped`); one thread builds the events and hands them to
+the publisher (whose own queue may block that thread, never a transfer).
 """
 
 from __future__ import annotations
@@ -32,23 +45,29 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch,
-                                                 StorageMedium, ZmqEventPublisher)
+from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
+                                                 KVEventBatch, StorageMedium, ZmqEventPublisher)
 from sglang.srt.mem_cache.utils import hash_str_to_int64
+
+from radixtier.integrations.sglang.event_stream import RadixtierEventPublisher
+from radixtier.integrations.sglang.page_tokens import TOKEN_PAGES, PageTokens
 
 log = logging.getLogger("radixtier.sglang")
 
 DEFAULT_TOPIC = "radixtier"
-QUEUE_BATCHES = 4096          # batches waiting for the publisher thread before new ones are dropped
-REMEMBERED_PAGES = 1 << 18    # store key -> SGLang block hash, for naming evictions (~40 MiB at most)
+QUEUE_BATCHES = 4096          # records waiting for the events thread before new ones are dropped
+REMEMBERED_PAGES = 1 << 16    # store key -> (SGLang block hash, parent), for evictions and re-announcing
+TOKEN_WAIT_S = 2.0            # how long a stored page waits for SGLang to tell its tokens
+DISK = StorageMedium.DISK.value
 
 
 @dataclass(frozen=True)
 class EventsConfig:
-    """Where tier-3 events go: extra_config `kv_events_endpoint` ('' = off), `kv_events_replay_endpoint`,
-    `kv_events_topic`. The endpoint's port is offset by the DP rank, as SGLang's own publisher does."""
+    """Where tier-3 events go on their own: extra_config `kv_events_endpoint` ('' = not on their
+    own), `kv_events_replay_endpoint`, `kv_events_topic`. The endpoint's port is offset by the DP
+    rank, as SGLang's own publisher does."""
 
     endpoint: str = ""
     replay_endpoint: str = ""
@@ -59,30 +78,73 @@ class EventsConfig:
         return bool(self.endpoint)
 
 
-# queued records: ("stored", keys, parent_key, store_keys, ok, chained) | ("removed", store_keys) | ("cleared",)
+# queued records: ("stored", keys, parent_key, store_keys, ok, chained) | ("removed", store_keys) |
+# ("cleared",) | ("sglang", batch)
 _Record = Tuple
+_Page = Tuple[int, Optional[int]]             # (block hash, parent block hash)
+_Named = Tuple[int, Optional[int], bool]      # (block hash, parent block hash, announced yet)
+_MUST_KEEP = 4                                # removals and clears may exceed the queue's bound this many times
 
 
 class Tier3Events:
-    """One publisher per KV cache (DP rank); see the module docstring. Thread-safe."""
+    """One per KV cache (DP rank); build it with `own_stream` or `joined_to`. Thread-safe.
 
-    def __init__(self, config: EventsConfig, block_size: int, dp_rank: int = 0,
-                 remembered_pages: int = REMEMBERED_PAGES, queue_batches: int = QUEUE_BATCHES) -> None:
+    State owned by the events thread alone: `_names` (store key -> what it was announced as; the
+    newest `remembered_pages`), `_waiting` (hash -> (parent, deadline, store key): stored pages
+    waiting for their tokens, oldest first), `_tokens`. Under `_cv`: the queue, `_running`,
+    `_in_hand`, `_stream`, `counters`. The events thread never holds `_cv` while it builds or
+    publishes events."""
+
+    def __init__(self, publish: Callable[[EventBatch], None], block_size: int, *, joined: bool,
+                 close_sink: Optional[Callable[[], None]] = None, remembered_pages: int = REMEMBERED_PAGES,
+                 queue_batches: int = QUEUE_BATCHES, token_pages: int = TOKEN_PAGES,
+                 token_wait_s: float = TOKEN_WAIT_S) -> None:
         self.block_size = block_size
+        self.joined = joined
+        self._publish = publish
+        self._close_sink = close_sink
         self._remembered_pages = remembered_pages
+        self._token_wait_s = token_wait_s
         self._queue: Deque[_Record] = deque()
         self._queue_batches = queue_batches
         self._cv = threading.Condition(threading.Lock())
         self._running = True
-        self._names: "OrderedDict[bytes, int]" = OrderedDict()  # owned by the publisher thread
+        self._in_hand = False  # a record is being turned into events (for flush)
+        self._stream: Optional[RadixtierEventPublisher] = None  # the publisher we learn tokens from
+        self._names: "OrderedDict[bytes, _Named]" = OrderedDict()
+        self._waiting: "OrderedDict[int, Tuple[Optional[int], float, bytes]]" = OrderedDict()
+        self._tokens = PageTokens(token_pages)
         self.counters: Dict[str, int] = {"batches": 0, "blocks_stored": 0, "blocks_removed": 0, "cleared": 0,
-                                         "dropped": 0, "removals_unnamed": 0, "errors": 0}
-        self._publisher = ZmqEventPublisher(dp_rank, endpoint=config.endpoint,
-                                            replay_endpoint=config.replay_endpoint or None, topic=config.topic)
-        self._thread = threading.Thread(target=self._publish_thread_func, name="radixtier-kv-events", daemon=True)
+                                         "dropped": 0, "removals_unnamed": 0, "errors": 0, "reannounced": 0,
+                                         "stored_without_tokens": 0, "sglang_batches_seen": 0}
+        self._thread = threading.Thread(target=self._events_thread_func, name="radixtier-kv-events", daemon=True)
         self._thread.start()
 
-    # ------------------------------------------------------------------ called on transfer threads
+    @classmethod
+    def own_stream(cls, config: EventsConfig, block_size: int, dp_rank: int = 0, **options) -> "Tier3Events":
+        """Tier-3 events on their own ZMQ stream (SGLang's publisher, owned and closed by us)."""
+        publisher = ZmqEventPublisher(dp_rank, endpoint=config.endpoint,
+                                      replay_endpoint=config.replay_endpoint or None, topic=config.topic)
+
+        def close() -> None:
+            publisher.shutdown()
+            atexit.unregister(publisher.shutdown)  # SGLang registers it; a second call waits 1 s for nothing
+        return cls(publisher.publish, block_size, joined=False, close_sink=close, **options)
+
+    @classmethod
+    def joined_to(cls, stream: RadixtierEventPublisher, block_size: int, **options) -> "Tier3Events":
+        """Tier-3 events inside SGLang's own stream, with tokens learned from it."""
+        events = cls(stream.publish_tier3, block_size, joined=True, **options)
+        events.learn_from(stream)
+        return events
+
+    def learn_from(self, stream: RadixtierEventPublisher) -> None:
+        """Learn token ids (and see clears) from every batch SGLang publishes through `stream`."""
+        with self._cv:
+            self._stream = stream
+        stream.observe(self.observed)
+
+    # ------------------------------------------------------------------ called on other threads
     def stored(self, keys: Sequence[str], parent_key: Optional[str], store_keys: Sequence[bytes],
                ok: Sequence[bool], chained: bool = True) -> None:
         """Pages of one write call: keys[i] (SGLang's hash string) is durable where ok[i]. chained:
@@ -98,109 +160,234 @@ class Tier3Events:
     def cleared(self) -> None:
         self._put(("cleared",))
 
+    def observed(self, batch: EventBatch) -> None:
+        """A batch SGLang published (its scheduler thread): queued, never waited for."""
+        self._put(("sglang", batch))
+
     def _put(self, record: _Record) -> None:
         with self._cv:
             if not self._running:
                 return
-            if len(self._queue) >= self._queue_batches:
+            if len(self._queue) >= self._queue_batches and not (
+                    len(self._queue) < self._queue_batches * _MUST_KEEP and self._must_keep(record)):
                 self.counters["dropped"] += 1
                 return
             self._queue.append(record)
             self._cv.notify()
 
-    # ------------------------------------------------------------------ the publisher thread
-    def _publish_thread_func(self) -> None:
+    @staticmethod
+    def _must_keep(record: _Record) -> bool:
+        """Records whose loss would leave the router wrong for good (a removal, a clear; SGLang's
+        flush, after which tier 3 is announced again), kept past the bound (up to _MUST_KEEP times
+        it); a dropped store or token lesson only costs an announcement."""
+        kind = record[0]
+        return kind in ("removed", "cleared") or (
+            kind == "sglang" and any(isinstance(e, AllBlocksCleared) for e in record[1].events))
+
+    # ------------------------------------------------------------------ the events thread
+    def _events_thread_func(self) -> None:
         while True:
             with self._cv:
                 while self._running and not self._queue:
-                    self._cv.wait()
-                if not self._queue:
-                    return  # closing, and everything queued went out
-                record = self._queue.popleft()
+                    if not self._waiting:
+                        self._cv.wait()
+                        continue
+                    next_deadline = next(iter(self._waiting.values()))[1]
+                    if self._cv.wait(max(0.0, next_deadline - time.monotonic())) is False:
+                        break  # the oldest waiting page's time is up
+                closing = not self._queue and not self._running
+                record = self._queue.popleft() if self._queue else None
+                self._in_hand = True
             try:
-                events = self._events(record)
+                events = self._events(record) if record is not None else []
+                events += self._waiting_out(force=closing)
                 if events:
-                    self._publisher.publish(KVEventBatch(ts=time.time(), events=events))
+                    self._publish(KVEventBatch(ts=time.time(), events=events))
                     with self._cv:
                         self.counters["batches"] += 1
             except Exception as exc:  # a publisher failure costs events, never a transfer
                 with self._cv:
                     self.counters["errors"] += 1
                 log.error("radixtier: tier-3 KV event not published: %s", exc)
+            with self._cv:
+                self._in_hand = False
+                self._cv.notify_all()
+            if closing:
+                return
 
-    def _events(self, record: _Record) -> List[object]:  # noqa: C901 - three record kinds, one place
+    def _events(self, record: _Record) -> List[object]:
         kind = record[0]
+        if kind == "sglang":
+            return self._seen_sglang(record[1])
         if kind == "cleared":
-            self._names.clear()
-            with self._cv:
-                self.counters["cleared"] += 1
-            return [AllBlocksCleared()]
+            return self._cleared()
         if kind == "removed":
-            hashes, unnamed = [], 0
-            for sk in record[1]:
-                h = self._names.pop(sk, None)
-                if h is None:
-                    unnamed += 1
-                else:
-                    hashes.append(h)
-            with self._cv:
-                self.counters["blocks_removed"] += len(hashes)
-                self.counters["removals_unnamed"] += unnamed
-            return [BlockRemoved(block_hashes=hashes, medium=StorageMedium.DISK.value)] if hashes else []
+            return self._removed(record[1])
         _kind, keys, parent_key, store_keys, ok, chained = record
-        if not chained:  # one parentless event per page
-            events = []
-            for key, sk, good in zip(keys, store_keys, ok):
-                if good:
-                    h = hash_str_to_int64(key)
-                    self._remember(sk, h)
-                    events.append(self._block_stored([h], None))
-            with self._cv:
-                self.counters["blocks_stored"] += len(events)
-            return events
-        events: List[object] = []
-        run: List[int] = []
-        prev = None if parent_key is None else hash_str_to_int64(parent_key)
-        run_parent = prev
+        fresh: List[Tuple[int, Optional[int], bytes]] = []
+        prev = None if parent_key is None or not chained else hash_str_to_int64(parent_key)
         for key, sk, good in zip(keys, store_keys, ok):
             h = hash_str_to_int64(key)
             if good:
-                if not run:
-                    run_parent = prev
-                run.append(h)
-                self._remember(sk, h)
-            elif run:  # a page that did not land breaks the chain: the next run is its own event
-                events.append(self._block_stored(run, run_parent))
-                run = []
-            prev = h
-        if run:
-            events.append(self._block_stored(run, run_parent))
+                if sk in self._names:  # announced already, or waiting for its tokens: said once
+                    self._names.move_to_end(sk)
+                else:
+                    self._remember(sk, (h, prev, False))
+                    fresh.append((h, prev, sk))
+            prev = h if chained else None
+        return self._announce(fresh)
+
+    def _announce(self, pages: List[Tuple[int, Optional[int], bytes]]) -> List[object]:
+        """New stored pages: announced now with their tokens, or queued until SGLang tells them."""
         with self._cv:
-            self.counters["blocks_stored"] += sum(len(e.block_hashes) for e in events)
+            learning = self._stream is not None
+        if not learning:  # nobody can tell us tokens: announce as they are
+            return self._announced(pages)
+        deadline = time.monotonic() + self._token_wait_s
+        for h, parent, sk in pages:
+            if h not in self._waiting:  # never moved: a page stays behind its parent
+                self._waiting[h] = (parent, deadline, sk)
+        return []
+
+    def _waiting_out(self, force: bool) -> List[object]:
+        """Waiting pages, oldest first, whose tokens are known or whose time is up (all if force)."""
+        now, out = time.monotonic(), []
+        while self._waiting:
+            h, (parent, deadline, sk) = next(iter(self._waiting.items()))
+            if h not in self._tokens and deadline > now and not force:
+                break
+            del self._waiting[h]
+            if sk in self._names:  # not evicted while it waited
+                out.append((h, parent, sk))
+        return self._announced(out)
+
+    def _announced(self, pages: List[Tuple[int, Optional[int], bytes]]) -> List[object]:
+        for h, parent, sk in pages:
+            if sk in self._names:
+                self._names[sk] = (h, parent, True)
+        return self._block_stored_runs([(h, parent) for h, parent, _sk in pages])
+
+    def _seen_sglang(self, batch: EventBatch) -> List[object]:
+        with self._cv:
+            self.counters["sglang_batches_seen"] += 1
+        self._tokens.learn(batch.events)
+        if not self.joined or not any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            return []
+        # SGLang's device and host were flushed; routers forget every tier of this worker. Tier 3
+        # still holds its pages: say so again, parents first (pages still waiting come later anyway).
+        pages = parents_first([(h, parent) for h, parent, announced in self._names.values() if announced])
+        with self._cv:
+            self.counters["reannounced"] += len(pages)
+        return self._block_stored_runs(pages)
+
+    def _removed(self, store_keys: Sequence[bytes]) -> List[object]:
+        hashes, unnamed = [], 0
+        for sk in store_keys:
+            named = self._names.pop(sk, None)
+            if named is None:
+                unnamed += 1
+            elif named[2]:
+                hashes.append(named[0])
+            else:  # never announced: it leaves the queue instead
+                self._waiting.pop(named[0], None)
+        with self._cv:
+            self.counters["blocks_removed"] += len(hashes)
+            self.counters["removals_unnamed"] += unnamed
+        return [BlockRemoved(block_hashes=hashes, medium=DISK)] if hashes else []
+
+    def _cleared(self) -> List[object]:
+        announced = [h for h, _parent, was in self._names.values() if was]
+        self._names.clear()
+        self._waiting.clear()
+        with self._cv:
+            self.counters["cleared"] += 1
+            if self.joined:
+                self.counters["blocks_removed"] += len(announced)
+        if not self.joined:
+            return [AllBlocksCleared()]
+        # in SGLang's stream AllBlocksCleared would also wipe the router's view of GPU and CPU
+        return [BlockRemoved(block_hashes=announced, medium=DISK)] if announced else []
+
+    def _block_stored_runs(self, pages: List[_Page]) -> List[BlockStored]:
+        """BlockStored events for `pages` (in order): a run continues while each page's parent is
+        the page before it and tokens are known for all of the run or for none."""
+        events: List[BlockStored] = []
+        run: List[int] = []
+        run_tokens: List[int] = []
+        run_parent: Optional[int] = None
+        run_has_tokens = False
+        for h, parent in pages:
+            tokens = self._tokens.get(h)
+            if run and (parent != run[-1] or (tokens is not None) != run_has_tokens):
+                events.append(self._block_stored(run, run_parent, run_tokens))
+                run, run_tokens = [], []
+            if not run:
+                run_parent, run_has_tokens = parent, tokens is not None
+            run.append(h)
+            run_tokens.extend(tokens or ())
+        if run:
+            events.append(self._block_stored(run, run_parent, run_tokens))
+        with self._cv:
+            self.counters["blocks_stored"] += len(pages)
+            self.counters["stored_without_tokens"] += sum(len(e.block_hashes) for e in events if not e.token_ids)
         return events
 
-    def _block_stored(self, hashes: List[int], parent: Optional[int]) -> BlockStored:
-        return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=[], block_size=self.block_size,
-                           lora_id=None, medium=StorageMedium.DISK.value)
+    def _block_stored(self, hashes: List[int], parent: Optional[int], tokens: List[int]) -> BlockStored:
+        return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
+                           block_size=self.block_size, lora_id=None, medium=DISK)
 
-    def _remember(self, store_key: bytes, block_hash: int) -> None:
+    def _remember(self, store_key: bytes, named: _Named) -> None:
         names = self._names
-        names[store_key] = block_hash
-        names.move_to_end(store_key)
+        names[store_key] = named
         if len(names) > self._remembered_pages:
             names.popitem(last=False)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far was handed to the publisher and no page waits for
+        its tokens (tests, benchmarks); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._queue or self._in_hand or self._waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+            return True
 
     # ------------------------------------------------------------------ closing
     def stats(self) -> Dict[str, int]:
         with self._cv:
-            return dict(self.counters, queued=len(self._queue))
+            return dict(self.counters, queued=len(self._queue), waiting_for_tokens=len(self._waiting),
+                        pages_with_tokens=len(self._tokens))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Publish what is queued (up to `timeout`), then stop SGLang's publisher."""
+        """Publish what is queued (up to `timeout`), stop learning, close an own stream. Joined to
+        SGLang's stream, the pages announced are removed first: a detached backend loads nothing."""
+        if self.joined:
+            self.cleared()
         with self._cv:
             self._running = False
+            stream, self._stream = self._stream, None
             self._cv.notify_all()
+        if stream is not None:
+            stream.unobserve(self.observed)
         self._thread.join(timeout)
-        self._publisher.shutdown()
-        atexit.unregister(self._publisher.shutdown)  # SGLang registers it; a second call waits 1 s for nothing
+        if self._close_sink is not None:
+            self._close_sink()
 
+
+def parents_first(pages: List[_Page]) -> List[_Page]:
+    """`pages` reordered so that a page whose parent is among them comes after that parent (a
+    router drops a stored block whose parent it does not know); otherwise in the given order."""
+    by_hash = {h: parent for h, parent in pages}
+    out: List[_Page] = []
+    done: set = set()
+    for h, _parent in pages:
+        chain = []
+        while h is not None and h in by_hash and h not in done:
+            chain.append(h)
+            done.add(h)
+            h = by_hash[h]
+        for x in reversed(chain):
+            out.append((x, by_hash[x]))
+    return out

@@ -7,6 +7,8 @@ starts. There radixtier (1) checks its extra_config when it is the selected back
 or value fails the launch in seconds with the one-line error, before a model is loaded or a
 namespace created; (2) logs one line: what it will use, or how to select it; (3) warns when the
 prefetch policy is `best_effort`, which on a lightly loaded server discards every tier-3 read.
+It also names radixtier's KV-event publisher in SGLang's EventPublisherFactory (tier-3 events in
+SGLang's own stream: kv_events.py).
 """
 
 from __future__ import annotations
@@ -48,7 +50,29 @@ def register() -> bool:
     except ImportError:
         return False
     HookRegistry.register(CHECK_TARGET, after_check_server_args, HookType.AFTER)
+    register_event_publisher()
     return True
+
+
+EVENT_PUBLISHER = "radixtier"
+
+
+def register_event_publisher() -> None:
+    """Make `--kv-events-config '{"publisher": "radixtier", ...}'` build radixtier's KV-event
+    publisher (event_stream.py: SGLang's ZMQ publisher whose stream also carries tier 3). The
+    constructor imports it only when SGLang builds one."""
+    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
+
+    try:
+        EventPublisherFactory.register_publisher(EVENT_PUBLISHER, _make_event_publisher)
+    except KeyError:  # registered already in this process
+        pass
+
+
+def _make_event_publisher(attn_dp_rank: int = 0, **config: Any) -> Any:
+    from radixtier.integrations.sglang.event_stream import make_publisher
+
+    return make_publisher(attn_dp_rank, **config)
 
 
 def selected_extra_config(server_args: Any) -> Optional[Dict[str, Any]]:
