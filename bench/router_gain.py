@@ -35,6 +35,7 @@ helps the router once prefixes leave device and host (many agent types, long his
 
 from __future__ import annotations
 
+import atexit
 import argparse
 import hashlib
 import json
@@ -189,6 +190,7 @@ class SimNode:
         if self.events is not None:
             self.events.close()
         self.stream.shutdown()
+        atexit.unregister(self.stream.shutdown)  # SGLang's publisher registers it; a second call waits 1 s
 
 
 def runs(pages: List[Page], fresh: set) -> List[Tuple[List[Page], Optional[str]]]:

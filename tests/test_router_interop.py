@@ -11,6 +11,7 @@ check against real SGLang servers."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 
@@ -65,6 +66,7 @@ def fleet(tmp_path):
         backend.close()
         radixtier.shutdown()
         plain.shutdown()
+        atexit.unregister(plain.shutdown)  # SGLang's publisher registers it; a second call waits 1 s
 
 
 def publish_until_seen(indexer, streams, batch, toks, timeout=30.0):

@@ -16,6 +16,7 @@ The observer runs on SGLang's scheduler thread: it only appends the batch to a b
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Callable, Optional
 
 from sglang.srt.disaggregation.kv_events import EventBatch, ZmqEventPublisher
@@ -56,6 +57,7 @@ class RadixtierEventPublisher(ZmqEventPublisher):
         event_sinks.withdraw(self)
         self._observer = None
         super().shutdown()
+        atexit.unregister(self.shutdown)  # SGLang registers it; a second call waits 1 s for nothing
 
 
 def make_publisher(attn_dp_rank: int = 0, **config: Any) -> RadixtierEventPublisher:

@@ -26,6 +26,7 @@ counted in `untracked` and not announced).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -242,6 +243,7 @@ class PoolStream:
         if not self._thread.is_alive():  # ZMQ sockets are not thread-safe: never closed under the thread
             self._close_sockets()
         self._publisher.shutdown()
+        atexit.unregister(self._publisher.shutdown)  # SGLang registers it; a second call waits 1 s for nothing
 
     def _close_sockets(self) -> None:
         for sub in self._subs:
