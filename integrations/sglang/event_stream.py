@@ -59,7 +59,3 @@ class RadixtierEventPublisher(ZmqEventPublisher):
         super().shutdown()
         atexit.unregister(self.shutdown)  # SGLang registers it; a second call waits 1 s for nothing
 
-
-def make_publisher(attn_dp_rank: int = 0, **config: Any) -> RadixtierEventPublisher:
-    """The constructor registered with SGLang's EventPublisherFactory (see plugin.register)."""
-    return RadixtierEventPublisher(attn_dp_rank, **config)

@@ -73,10 +73,6 @@ class EventsConfig:
     replay_endpoint: str = ""
     topic: str = DEFAULT_TOPIC
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.endpoint)
-
 
 # queued records: ("stored", keys, parent_key, store_keys, ok, chained) | ("removed", store_keys) |
 # ("cleared",) | ("sglang", batch)

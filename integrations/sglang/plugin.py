@@ -70,9 +70,9 @@ def register_event_publisher() -> None:
 
 
 def _make_event_publisher(attn_dp_rank: int = 0, **config: Any) -> Any:
-    from radixtier.integrations.sglang.event_stream import make_publisher
+    from radixtier.integrations.sglang.event_stream import RadixtierEventPublisher
 
-    return make_publisher(attn_dp_rank, **config)
+    return RadixtierEventPublisher(attn_dp_rank, **config)
 
 
 def selected_extra_config(server_args: Any) -> Optional[Dict[str, Any]]:

@@ -90,12 +90,14 @@ class PoolStream:
 
     def _run(self) -> None:
         poller = zmq.Poller()
-        for sub in self._subs:
+        node_of = {}
+        for node, sub in enumerate(self._subs):
             poller.register(sub, zmq.POLLIN)
+            node_of[sub] = node
         while self._running:
             try:
                 for sock, _ in poller.poll(100):
-                    self._receive(self._subs.index(sock), sock.recv_multipart())
+                    self._receive(node_of[sock], sock.recv_multipart())
             except Exception as exc:  # one bad batch costs that batch, never the stream
                 with self._lock:
                     self.counters["errors"] += 1
