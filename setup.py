@@ -3,7 +3,7 @@
 All are optional: where one does not build, the pure-Python path it stands in for is used instead.
 `radixtier._slotpool` is a page pool's free() in one pass (radixtier/_slotpool.c; needs only a C
 compiler). `radixtier.storage.nvmeof._fence` issues a write only before the partition lease's
-deadline, the check in C (storage/nvmeof/_fence.c; needs only a C compiler; without it the check
+deadline, the check in C (radixtier/storage/nvmeof/_fence.c; needs only a C compiler; without it the check
 runs in Python, which a pause can outlast, and the store says so when it opens). The io_uring
 extension links the system liburing (Debian/Ubuntu: liburing-dev, which
 scripts/setup.sh installs); where liburing's headers are missing the build skips it with a
@@ -16,11 +16,11 @@ setup(
     ext_modules=[
         Extension("radixtier._slotpool", ["radixtier/_slotpool.c"], optional=True,
                   extra_compile_args=["-O2", "-Wall"]),
-        Extension("radixtier.storage.nvmeof._fence", ["storage/nvmeof/_fence.c"], optional=True,
+        Extension("radixtier.storage.nvmeof._fence", ["radixtier/storage/nvmeof/_fence.c"], optional=True,
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("radixtier.storage.nvmeof._uring",
-                  ["storage/nvmeof/_uring.c", "storage/nvmeof/_pagebatch.c", "storage/nvmeof/_crc32c.c"],
-                  depends=["storage/nvmeof/_native.h"], libraries=["uring"], optional=True,
+                  ["radixtier/storage/nvmeof/_uring.c", "radixtier/storage/nvmeof/_pagebatch.c", "radixtier/storage/nvmeof/_crc32c.c"],
+                  depends=["radixtier/storage/nvmeof/_native.h"], libraries=["uring"], optional=True,
                   extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"]),
     ],
 )

@@ -23,7 +23,7 @@ _HASH_VERSION = b"radixtier/page-hash/v1"
 def page_key(data: bytes) -> bytes:
     """The one page-key function: a 16-byte blake2b digest. Token pages chain it over
     (parent key || tokens) (PageHasher.chain); the SGLang plugin applies it to SGLang's own page
-    hash plus what makes the bytes differ per rank and layout (integrations/sglang/keys.py)."""
+    hash plus what makes the bytes differ per rank and layout (radixtier/integrations/sglang/keys.py)."""
     return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
 
 

@@ -17,7 +17,7 @@ apt_install() {  # apt_install PACKAGE... : installs what is missing, or says wh
   { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "$@" >/dev/null; } \
     || { echo "setup: could not install $* with apt-get" >&2; return 1; }
 }
-# liburing's headers build radixtier's io_uring engine (storage/nvmeof/_uring.c); without them the page
+# liburing's headers build radixtier's io_uring engine (radixtier/storage/nvmeof/_uring.c); without them the page
 # store uses its preadv/pwritev thread pool instead (and says so when it opens).
 if [ ! -f /usr/include/liburing.h ]; then
   apt_install liburing-dev || echo "setup: building without the io_uring engine" >&2
@@ -49,8 +49,8 @@ fi
 stale() {  # stale SOURCE MODULE_PREFIX
   ! ls "$2"*.so >/dev/null 2>&1 || [ "$1" -nt "$(ls "$2"*.so | head -1)" ]
 }
-if stale radixtier/_slotpool.c radixtier/_slotpool || stale storage/nvmeof/_fence.c storage/nvmeof/_fence \
-   || { [ -f /usr/include/liburing.h ] && stale storage/nvmeof/_uring.c storage/nvmeof/_uring; }; then
+if stale radixtier/_slotpool.c radixtier/_slotpool || stale radixtier/storage/nvmeof/_fence.c radixtier/storage/nvmeof/_fence \
+   || { [ -f /usr/include/liburing.h ] && stale radixtier/storage/nvmeof/_uring.c radixtier/storage/nvmeof/_uring; }; then
   pip install -q --no-build-isolation -e '.[demo]'
 fi
 if [ "$want_test" = 1 ]; then

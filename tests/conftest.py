@@ -9,7 +9,7 @@ import pytest
 
 from radixtier.hashing import KVNamespace
 
-# Partition leases wait 2.5 lease I/O bounds when a partition is opened (storage/nvmeof/lease.py); the
+# Partition leases wait 2.5 lease I/O bounds when a partition is opened (radixtier/storage/nvmeof/lease.py); the
 # suite opens namespaces hundreds of times on files in RAM, so it runs with a 50 ms bound instead of
 # the 1 s default (subprocesses, SGLang servers included, inherit it). Tests of the timing itself set
 # their own values.

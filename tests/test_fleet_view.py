@@ -1,4 +1,4 @@
-"""The fleet's tier-3 view of one chain (storage/fleet_view.py), over both index implementations."""
+"""The fleet's tier-3 view of one chain (radixtier/storage/fleet_view.py), over both index implementations."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def test_get_put_soak_keeps_mappings_and_rss_flat(tmp_path, engine):
 
 
 def test_io_uring_engine_is_built_where_liburing_is_installed():
-    """setup installs liburing-dev and builds storage/nvmeof/_uring.c; a broken build must not pass as a skip."""
+    """setup installs liburing-dev and builds radixtier/storage/nvmeof/_uring.c; a broken build must not pass as a skip."""
     if not os.path.exists("/usr/include/liburing.h"):
         pytest.skip("liburing-dev is not installed here: the store runs its thread pool engine")
     from radixtier.storage.nvmeof import _uring  # ImportError here means the normal install did not build it

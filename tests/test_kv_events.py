@@ -1,4 +1,4 @@
-"""Tier-3 KV events (integrations/sglang/kv_events.py): SGLang's own event classes and ZMQ
+"""Tier-3 KV events (radixtier/integrations/sglang/kv_events.py): SGLang's own event classes and ZMQ
 publisher, read back as a router would -- over ZMQ, decoded with SGLang's msgspec types."""
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def test_implementations_satisfy_the_storage_protocols(tmp_path):
 
 
 def test_the_tree_the_cache_and_rdma_import_nothing_from_the_nvmeof_backend():
-    """The eviction order and the page checksum live in neutral modules (storage/eviction.py,
-    storage/checksum.py) that the tree, the store and the RDMA transport import downward."""
+    """The eviction order and the page checksum live in neutral modules (radixtier/storage/eviction.py,
+    radixtier/storage/checksum.py) that the tree, the store and the RDMA transport import downward."""
     mods = loaded_after("import radixtier.tree, radixtier.cache, radixtier.storage.rdma")
     assert not {m for m in mods if m.startswith("radixtier.storage.nvmeof")}
     assert {"radixtier.storage.eviction", "radixtier.storage.checksum"} <= mods

@@ -3,7 +3,7 @@
 Each "host" is a child process; a second host is a child in its own pid namespace (`unshare
 --pid`), which is what a process on another machine looks like to the lease: its pid cannot be
 checked, so only the lease protocol keeps the two apart. Faults are injected into the child's lease
-I/O (storage/nvmeof/lease.py read_block / write_block). Every round counts the pages each opener
+I/O (radixtier/storage/nvmeof/lease.py read_block / write_block). Every round counts the pages each opener
 acknowledged and checks them afterwards from a fresh opener: none may be lost or wrong.
 """
 

@@ -1,4 +1,4 @@
-"""The native page core (storage/nvmeof/_pagebatch.c, _crc32c.c): the io_uring engine's get/put.
+"""The native page core (radixtier/storage/nvmeof/_pagebatch.c, _crc32c.c): the io_uring engine's get/put.
 
 It must be the same store as the Python path, only faster: the same CRC-32C, the same on-device
 bytes (a namespace written by one path reads back on the other), the same proof of every page,

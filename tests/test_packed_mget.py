@@ -1,4 +1,4 @@
-"""The chain lookup's packed MGET (storage/index/packed_mget.py) against redis-py's own mget, on a
+"""The chain lookup's packed MGET (radixtier/storage/index/packed_mget.py) against redis-py's own mget, on a
 real server and a real cluster: same answers, redirects handed back, no stale reply after a timeout."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shared pool's stream (integrations/sglang/pool_stream.py, `radixtier pool-events`): what it
+"""The shared pool's stream (radixtier/integrations/sglang/pool_stream.py, `radixtier pool-events`): what it
 makes of the nodes' tier-3 events, and Dynamo's indexer reading it as one more source."""
 
 from __future__ import annotations

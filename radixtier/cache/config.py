@@ -1,5 +1,5 @@
 """CacheConfig: sizes and policies of one node's embedded tiered cache, validated in one place
-(with the same shared checks, storage/validate.py, as the store's and SGLang's settings)."""
+(with the same shared checks, radixtier/storage/validate.py, as the store's and SGLang's settings)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,8 @@ import pathlib
 from typing import Dict, List, Mapping, Set
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
-# installed package name -> its folder in the repository (setup.cfg's package_dir)
-ROOTS = {"radixtier": REPO / "radixtier", "radixtier.storage": REPO / "storage",
-         "radixtier.integrations": REPO / "integrations"}
+# the package's folder in the repository (folders match import names)
+ROOTS = {"radixtier": REPO / "radixtier"}
 
 
 def modules(roots: Mapping[str, pathlib.Path] = ROOTS) -> Dict[str, pathlib.Path]:

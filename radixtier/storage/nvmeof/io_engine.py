@@ -2,7 +2,7 @@
 
 Both keep up to `queue_depth` I/Os in flight, which is what turns one NVMe-oF namespace's
 bandwidth into usable bandwidth (a serial reader gets a fraction of it). io_uring is
-radixtier's own small extension over the system liburing (storage/nvmeof/_uring.c); where it was not
+radixtier's own small extension over the system liburing (radixtier/storage/nvmeof/_uring.c); where it was not
 built, or the kernel refuses io_uring, `auto` uses the thread pool and logs why.
 """
 
@@ -184,7 +184,7 @@ _uring_lock = threading.Lock()
 def uring_unusable_reason() -> Optional[str]:
     """Why the io_uring engine cannot be used in this process, or None when it can.
 
-    The engine is radixtier's own extension (storage/nvmeof/_uring.c over the system liburing, built by
+    The engine is radixtier's own extension (radixtier/storage/nvmeof/_uring.c over the system liburing, built by
     the normal install): it is compiled for this machine, so unlike PyPI's `liburing` wheels
     (AVX-512 only, and leaking a buffer export per I/O) it cannot die with SIGILL. What remains
     is whether it was built (liburing-dev present at install) and whether the kernel or a

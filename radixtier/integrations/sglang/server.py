@@ -8,7 +8,9 @@ start-up time; its log goes to a file, and the tail of that log is in the error 
 to start.
 
 On a machine without CUDA the server runs through `cpu_server` (the CPU support layer) with
-SGLang's CPU flags (`CPU_ARGS`); with CUDA it is `python -m sglang.launch_server` as it is.
+SGLang's CPU flags (`CPU_ARGS`) and the model computing in the CPU's native dtype
+(`radixtier.native_dtype`: bf16 with AVX-512 BF16 or AMX, fp32 elsewhere); with CUDA it is
+`python -m sglang.launch_server` as it is.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import requests
 
 from radixtier.integrations.sglang.plugin import backend_extra_config
+from radixtier.native_dtype import resolve_dtype
 
 # SGLang's CPU path (facts: shared/sglang-0.5.23-on-cpu.md): torch attention, no server warm-up
 # (the first request is the warm-up), L1<->L2 copies by the `direct` io backend.
@@ -88,9 +91,12 @@ class SGLangServer:
 
     def __init__(self, model_path: str, args: Sequence[str] = (), *, log_path: str, device: str = "cpu",
                  port: Optional[int] = None, host: str = "127.0.0.1", env: Optional[Mapping[str, str]] = None,
-                 startup_timeout_s: float = 240.0, python: str = sys.executable) -> None:
+                 startup_timeout_s: float = 240.0, python: str = sys.executable, dtype: str = "auto") -> None:
+        """dtype: what the model computes in on the CPU (`auto`: the CPU's native dtype, see
+        radixtier.native_dtype; ignored with device cuda or when args carry --dtype)."""
         if device not in HICACHE_IO_BACKEND:
             raise ValueError(f"device: expected cpu or cuda, got {device!r}")
+        self.dtype, self.dtype_reason = resolve_dtype(dtype) if device == "cpu" else ("auto", "SGLang's choice")
         self.model_path, self.args, self.device = model_path, list(args), device
         self.host, self.port = host, port or free_port(host)
         self.log_path, self.startup_timeout_s, self.python = log_path, startup_timeout_s, python
@@ -108,6 +114,8 @@ class SGLangServer:
                "--port", str(self.port)]
         if self.device == "cpu":
             cmd += CPU_ARGS
+            if "--dtype" not in self.args:
+                cmd += ["--dtype", self.dtype]
         return cmd + self.args
 
     # ---------------------------------------------------------------- life cycle

@@ -3,7 +3,7 @@
 Its own module so the NVMe-oF page store (slot headers and table entries), the RDMA transport
 (pages moved between hosts) and anything else that proves a page import it downward, rather
 than reaching into one backend's on-device format for it. The native core computes the same
-value in C (storage/nvmeof/_crc32c.c; a test cross-checks the two).
+value in C (radixtier/storage/nvmeof/_crc32c.c; a test cross-checks the two).
 """
 
 from __future__ import annotations
