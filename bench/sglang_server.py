@@ -25,8 +25,8 @@ round. Only one server runs at a time (an idle SGLang scheduler spins a core). T
 RAM-backed loop device with `--ram-device` (stable figures; needs root), else in a temp folder.
 
 What the toy model means for the ratios: it is the demo's wide-MLP toy Llama (4 layers, hidden 256,
-MLP 16,384, bf16, 2 KiB of KV per token), whose prefill on this CPU costs ~1 ms a token, so
-reading a token's KV back pays off at ~2 MB/s (a 480B-class model on GPUs needs ~5 GB/s). The
+MLP 8,192, in the CPU's native dtype: 2 KiB of KV per token in bf16), whose prefill on this CPU costs ~0.5 ms a token, so
+reading a token's KV back pays off at ~4 MB/s (a 480B-class model on GPUs needs ~5 GB/s). The
 ratio to recompute is therefore this CPU's prefill against SGLang's cached path on the same CPU
 (which still computes attention over the whole sequence: see the README); what carries over to a
 GPU node are the L3-vs-L3 rows -- the same SGLang, the same pages, other software moving them --
@@ -52,8 +52,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from radixtier.demo import http_load  # noqa: E402
 from radixtier.demo.hf_model import WIDE_MLP, write_model  # noqa: E402
-from radixtier.demo.server_demo import RETURNING, returning_users  # noqa: E402
+from radixtier.demo.server_demo import L3_PHASES, returning_users  # noqa: E402
 from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
+from radixtier.native_dtype import resolve_dtype  # noqa: E402
 from radixtier.integrations.sglang.server import (SGLangServer, hicache_args, radixtier_args,  # noqa: E402
                                                   stop_servers_on_sigterm)
 
@@ -73,7 +74,7 @@ def workloads(quick: bool) -> Dict[str, Callable[[int], List[http_load.Conversat
 def cells(loads, concurrency: List[int]) -> Dict[Tuple, List[http_load.Conversation]]:
     """(workload, phase, concurrency) -> that cell's own conversations."""
     out = {}
-    for i, (phase, wname, c) in enumerate((p, w, c) for p in RETURNING for w in loads for c in concurrency):
+    for i, (phase, wname, c) in enumerate((p, w, c) for p in L3_PHASES for w in loads for c in concurrency):
         out[(wname, phase, c)] = loads[wname](1000 + 17 * i)
     return out
 
@@ -149,7 +150,8 @@ def ratios(rows: List[Dict[str, object]], backends: List[str]) -> Dict[Tuple, Di
 
 def markdown(rows: List[Dict[str, object]], backends: List[str], rat, policy_rows: List[Dict[str, object]],
              meta: Dict[str, object]) -> str:
-    lines = [f"# SGLang real server: L3 backends side by side ({meta['rounds']} round(s), {meta['device']})", "",
+    lines = [f"# SGLang real server: L3 backends side by side ({meta['rounds']} round(s), {meta['device']}, "
+             f"toy model in {meta['dtype']})", "",
              "Median over rounds (min-max). TTFT as the client sees it (streamed); tokens: SGLang's "
              "`cached_tokens_details` summed over the pass.", "",
              "| workload | conc | phase | backend | TTFT p50 ms | TTFT p99 ms | req/s | device tok | host tok | "
@@ -279,8 +281,9 @@ def run_all(a: argparse.Namespace, work: str, device: str) -> int:
                                                  "history_requests": sum(len(c.turns) - 1 for c in v)}
                       for k, v in plan.items()},
             "server_flags": COMMON, "model": WIDE_MLP.__dict__,
-            "note": ("The toy model's KV is 2 KiB per token and its CPU prefill costs ~1 ms a token: reloading pays "
-                     "off at ~2 MB/s here (a 480B-class model on GPUs: ~5 GB/s), so the ratio to recompute is this "
+            "dtype": "{} ({})".format(*resolve_dtype("auto")) if DEVICE == "cpu" else "SGLang's choice on CUDA",
+            "note": ("The toy model's KV is 2 KiB per token (bf16) and its CPU prefill costs ~0.5 ms a token: reloading pays "
+                     "off at ~4 MB/s here (a 480B-class model on GPUs: ~5 GB/s), so the ratio to recompute is this "
                      "CPU's; the L3-vs-L3 rows (same SGLang, same 128 KiB pages) are what carries over.")}
     for path in (a.json, a.md, a.png):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

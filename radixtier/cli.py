@@ -252,11 +252,40 @@ def _cmd_pool_events(a: argparse.Namespace) -> int:
     return 0
 
 
+def version_report() -> str:
+    """`radixtier --version`: the version, and which native parts this install runs or what stands in."""
+    import importlib.util
+
+    from radixtier import __version__
+    from radixtier.storage.nvmeof.io_engine import deadline_check_reason, uring_unusable_reason
+
+    uring = uring_unusable_reason()
+    fence = deadline_check_reason()
+    lines = [f"radixtier {__version__}",
+             "tier-3 I/O: " + ("io_uring, radixtier's native page core" if uring is None
+                               else f"the preadv/pwritev thread pool (io_uring: {uring})"),
+             "lease write deadlines: " + ("checked in C right before each write" if fence is None else fence),
+             "page pool frees: " + ("one native pass (radixtier._slotpool)" if importlib.util.find_spec(
+                 "radixtier._slotpool") else "numpy (radixtier._slotpool is not built: no C compiler at install)")]
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_report())
+        parser.exit()
+
+
 def build_parser(command: Optional[str] = None, embedded: bool = False) -> argparse.ArgumentParser:
     """The parser; the demo's own options (which import torch and the toy model) are added only
     when `command` is "demo", so format/inspect stay light: SGLang's real server demo's, or with
     --embedded the embedded engine's."""
     ap = argparse.ArgumentParser(prog="radixtier", description="radixtier: three-tier prefix KV cache for SGLang")
+    ap.add_argument("--version", action=_VersionAction,
+                    help="print the version and which native parts (io_uring core, lease fence) this install runs")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("demo", help="SGLang's real server with radixtier vs recompute: chat and agents, TTFT and "
                                     "reuse per tier (--embedded: radixtier's own engine)")

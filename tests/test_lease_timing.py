@@ -57,6 +57,9 @@ HOST = textwrap.dedent("""
     if cfg.get("clock_skew_s"):
         real = time.time_ns
         lease_mod.time.time_ns = lambda: real() + int(cfg["clock_skew_s"] * 1e9)
+    if cfg.get("wait_for_go"):  # imports done: the test sends the start time (and what is relative to it)
+        print(json.dumps({{"ready": True}}), flush=True)
+        cfg.update(json.loads(sys.stdin.readline()))
     while time.time() < cfg.get("start_at", 0):
         time.sleep(0.001)
     retry_until = time.monotonic() + cfg.get("retry_s", 0)
@@ -75,6 +78,8 @@ HOST = textwrap.dedent("""
     acked, n, end = [], 0, time.monotonic() + cfg["write_s"]
     batch = cfg.get("batch", 8)
     while time.monotonic() < end:
+        if cfg.get("until_fenced") and s.fenced:  # the event the test waits for: no need to write on until end
+            break
         if n >= cfg.get("max_pages", 400):  # no eviction: every acknowledged page must read back
             time.sleep(0.01)
             continue
@@ -103,7 +108,20 @@ def _unshare_prefix() -> list:
 def _host(cfg: dict, other_host: bool) -> subprocess.Popen:
     cmd = ([*_unshare_prefix()] if other_host else []) + [sys.executable, "-c", HOST, json.dumps(cfg)]
     # its own session: signals go to the whole group (unshare's child included), and stray output stays ours
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _go(procs: list, timings) -> None:
+    """Wait until every child (started with wait_for_go) has done its imports, then send each its
+    timings (a function of the shared start time): the race starts on an event, not a guessed delay."""
+    for p in procs:
+        line = p.stdout.readline()
+        assert '"ready"' in line, f"host child failed before it was ready: {line!r}\n{p.stderr.read()[-3000:]}"
+    start_at = time.time() + 0.2
+    for i, p in enumerate(procs):
+        p.stdin.write(json.dumps(timings(i, start_at)) + "\n")
+        p.stdin.flush()
 
 
 def _outcome(proc: subprocess.Popen, timeout: float = 120, seen: tuple = ()) -> dict:
@@ -147,17 +165,17 @@ def test_two_hosts_opening_at_once_with_slow_lease_io_never_both_own_it(tmp_path
     format_namespace(path, PAGE, capacity_bytes=16 << 20)
     rounds = []
     for rnd in range(3):
-        start_at = time.time() + 4.0  # both children past their imports, then they race
         slow = rnd % 2  # which host's lease I/O is slowed
         procs = []
         for h in range(2):
-            cfg = {"path": path, "name": f"host{h}-r{rnd}", "lease_s": 4.0, "io_s": 0.5, "start_at": start_at,
-                   "write_s": 1.0, "read_returns_at": start_at + 0.2}
+            cfg = {"path": path, "name": f"host{h}-r{rnd}", "lease_s": 4.0, "io_s": 0.5, "wait_for_go": True,
+                   "write_s": 1.0}
             if h == slow and fault == "write_delay":
                 cfg["write_delay"] = 0.3
-            if h == slow and fault == "read_delay":
-                cfg["read_returns_at"] = start_at + 0.5
             procs.append(_host(cfg, other_host=(h == 1)))
+        # both children past their imports, then they race from the same moment
+        _go(procs, lambda h, start_at: {"start_at": start_at, "read_returns_at": start_at + (
+            0.5 if h == slow and fault == "read_delay" else 0.2)})
         outs = [_outcome(p) for p in procs]
         opened = [o["opened"] for o in outs]
         acked = {f"host{h}": o.get("acked", []) for h, o in enumerate(outs)}
@@ -181,7 +199,7 @@ def test_a_paused_holder_writes_nothing_after_another_host_took_over(tmp_path):
     for rnd in range(3):
         engine = ["io_uring", "threads", "threads"][rnd]  # threads: each page I/O slowed, batches last ~0.2 s
         a = _host({"path": path, "name": f"a{rnd}", "lease_s": 1.6, "io_s": 0.1, "write_s": 12.0,
-                   "batch": 64, "announce": True, "max_pages": 1 << 30, "engine": engine,
+                   "batch": 64, "announce": True, "max_pages": 1 << 30, "engine": engine, "until_fenced": True,
                    "op_delay": 0.05 if engine == "threads" else 0},
                   other_host=True)  # A writes without a break: the stop lands inside a batch
         line = a.stdout.readline()
@@ -191,7 +209,7 @@ def test_a_paused_holder_writes_nothing_after_another_host_took_over(tmp_path):
         time.sleep(0.05 * rnd)
         os.killpg(a.pid, signal.SIGSTOP)
         t0 = time.monotonic()
-        b = _host({"path": path, "name": f"b{rnd}", "lease_s": 1.6, "io_s": 0.1, "write_s": 2.0,
+        b = _host({"path": path, "name": f"b{rnd}", "lease_s": 1.6, "io_s": 0.1, "write_s": 1.2,
                    "announce": True, "retry_s": 10}, other_host=False)
         first = json.loads(b.stdout.readline())
         assert first["opened"], first
@@ -231,9 +249,10 @@ def test_kill_9_during_acquisition_leaves_nothing_that_blocks_or_doubles(tmp_pat
     path = str(tmp_path / "ns.img")
     format_namespace(path, PAGE, capacity_bytes=16 << 20)
     for rnd in range(6):
-        procs = [_host({"path": path, "name": f"k{rnd}{h}", "lease_s": 1.6, "io_s": 0.1, "write_s": 0.3},
-                       other_host=False) for h in range(2)]
-        time.sleep(1.0 + 0.07 * rnd)  # interpreter start-up, then somewhere in acquisition (0.25 s settle)
+        procs = [_host({"path": path, "name": f"k{rnd}{h}", "lease_s": 1.6, "io_s": 0.1, "write_s": 0.3,
+                        "wait_for_go": True}, other_host=False) for h in range(2)]
+        _go(procs, lambda h, start_at: {"start_at": start_at})  # both past their imports, then both open
+        time.sleep(0.2 + 0.07 * rnd)  # from before the first opener's lease write to past its settle (0.25 s)
         os.killpg(procs[0].pid, signal.SIGKILL)
         outs = [p.communicate(timeout=60)[0] for p in procs]
         survivor = [json.loads(line) for line in outs[1].splitlines() if line.startswith("{")]

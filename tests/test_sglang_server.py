@@ -31,12 +31,17 @@ from radixtier.demo import http_load  # noqa: E402
 from radixtier.demo.hf_model import write_model  # noqa: E402
 from radixtier.integrations.sglang.plugin import backend_extra_config  # noqa: E402
 from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
-from radixtier.integrations.sglang.server import SGLangServer, ServerStartError, hicache_args, radixtier_args  # noqa: E402
+from radixtier.integrations.sglang.server import (SGLangServer, ServerStartError, hicache_args,  # noqa: E402
+                                                  radixtier_args, start_together)
+from radixtier.native_dtype import resolve_dtype  # noqa: E402
 from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
 
 DEVICE = "cuda" if cuda_present() else "cpu"
+# KV bytes per token relative to bf16: the toy computes in fp32 where the CPU has no native bf16
+KV_SCALE = 2 if DEVICE == "cpu" and resolve_dtype("auto")[0] == "float32" else 1
+CAPACITY = f"{256 * KV_SCALE}MiB"  # 8 partitions of 192 pages (12,288 tokens) in either dtype
 LOGPROB_TOL = 0.01
 # 64-token pages; a device pool of 6,144 tokens (about three of the chat's prompts) so SGLang evicts
 # and write_back has something to write; metrics and per-tier cache reports on
@@ -93,23 +98,15 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def wait_for_backups(s: SGLangServer, at_least: float = 1, timeout_s: float = 60) -> float:
     """Pages tier 3 holds, once SGLang's backup thread has written at least `at_least` and the count
-    held still over two seconds; fails the test after timeout_s."""
+    held still over a second (a backup follows its request's write-through within milliseconds);
+    fails the test after timeout_s."""
     deadline, seen = time.monotonic() + timeout_s, []
     while time.monotonic() < deadline:
         seen.append(metric(s.metrics(), "radixtier:storage_used_pages"))
         if seen[-1] >= at_least and len(seen) >= 5 and len(set(seen[-5:])) == 1:
             return seen[-1]
-        time.sleep(0.5)
+        time.sleep(0.25)
     raise AssertionError(f"tier 3 did not settle at >= {at_least} pages within {timeout_s} s: {seen[-10:]}")
-
-
-@pytest.fixture(scope="module")
-def reference(model, workdir):
-    """The same server without an L3 backend (L1 + L2 only): every prompt after a flush is recomputed."""
-    with server(model, workdir, "reference", hicache_args(extra_config=None, backend="", device=DEVICE)) as ref:
-        out = passes(ref, CHAT)
-        out["fresh"] = http_load.replay(ref.url, FRESH)
-    return out
 
 
 def same_outputs(reference_run: http_load.Run, run: http_load.Run) -> None:
@@ -118,38 +115,88 @@ def same_outputs(reference_run: http_load.Run, run: http_load.Run) -> None:
 
 
 # ---------------------------------------------------------------- (e) a bad extra_config fails the launch
-@pytest.mark.parametrize("bad, message", [
-    ({"redis_ulr": "redis://127.0.0.1:1/0"}, "extra_config: unknown key 'redis_ulr'; did you mean 'redis_url'?"),
-    ({"queue_depth": 0}, "queue_depth: expected"),
-])
-def test_bad_extra_config_fails_the_launch_in_seconds_and_creates_nothing(model, workdir, bad, message):
-    ns = workdir / f"bad-{next(iter(bad))}" / "ns.img"
-    extra = backend_extra_config(path=str(ns), capacity="64MiB", **bad)
-    s = server(model, workdir, f"bad-{next(iter(bad))}", hicache_args(extra_config=extra, device=DEVICE))
-    t0 = time.monotonic()
-    with pytest.raises(ServerStartError) as err:
-        s.start()
-    took = time.monotonic() - t0
-    assert message in str(err.value)
-    assert took < 60, f"the launch took {took:.0f} s to fail"  # SGLang's own imports are most of it
-    assert not ns.exists() and not ns.parent.exists()
+BAD_CONFIGS = [({"redis_ulr": "redis://127.0.0.1:1/0"}, "extra_config: unknown key 'redis_ulr'; did you mean 'redis_url'?"),
+               ({"queue_depth": 0}, "queue_depth: expected")]
+
+
+def test_bad_extra_config_fails_the_launch_in_seconds_and_creates_nothing(model, workdir):
+    """Each bad extra_config is its own launch; the launches run at once (each is SGLang's imports)."""
+    import threading
+
+    launches = []
+    for bad, message in BAD_CONFIGS:
+        name = f"bad-{next(iter(bad))}"
+        ns = workdir / name / "ns.img"
+        extra = backend_extra_config(path=str(ns), capacity="64MiB", **bad)
+        launches.append({"server": server(model, workdir, name, hicache_args(extra_config=extra, device=DEVICE)),
+                         "ns": ns, "message": message})
+
+    def launch(entry: dict) -> None:
+        t0 = time.monotonic()
+        try:
+            entry["server"].start()
+            entry["error"] = None
+        except ServerStartError as exc:
+            entry["error"] = str(exc)
+        finally:
+            entry["took"] = time.monotonic() - t0
+            entry["server"].stop()
+
+    threads = [threading.Thread(target=launch, args=(e,)) for e in launches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in launches:
+        assert e["error"] is not None and e["message"] in e["error"], e.get("error")
+        assert e["took"] < 60, f"the launch took {e['took']:.0f} s to fail"  # SGLang's own imports are most of it
+        assert not e["ns"].exists() and not e["ns"].parent.exists()
 
 
 # ---------------------------------------------------------------- (a) (d) (f) one node, the embedded default
-@pytest.fixture(scope="class")
-def node_a(model, workdir, reference):
-    """One server for TestOneNode's cases, stopped after the last (an idle scheduler spins a core)."""
+@pytest.fixture(scope="module")
+def reference_and_node_a(model, workdir):
+    """The reference server (no L3) and TestOneNode's radixtier server, started together (a start-up
+    is mostly imports, which two cores share better than one uses them); node A waits paused while
+    the reference serves (and until its cases run), and the reference stops once its outputs are recorded."""
+    ref = server(model, workdir, "reference", hicache_args(extra_config=None, backend="", device=DEVICE))
     ns = str(workdir / "a" / "ns.img")
-    s = server(model, workdir, "node-a", radixtier_args(ns, device=DEVICE))
-    s.start()
-    yield s, ns
-    s.stop()
+    a = server(model, workdir, "node-a", radixtier_args(ns, capacity=CAPACITY, device=DEVICE))
+    start_together([ref, a])
+    try:
+        a.pause()
+        with explained(ref):
+            out = passes(ref, CHAT)
+            out["fresh"] = http_load.replay(ref.url, FRESH)
+        ref.stop()
+        yield out, (a, ns)  # A stays paused until TestOneNode's cases run (node_a)
+    finally:
+        ref.stop()
+        a.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(reference_and_node_a):
+    """The same server without an L3 backend (L1 + L2 only): every prompt after a flush is recomputed."""
+    return reference_and_node_a[0]
+
+
+@pytest.fixture(scope="class")
+def node_a(reference_and_node_a):
+    """One server for TestOneNode's cases, stopped after the last (an idle scheduler spins a core)."""
+    a, ns = reference_and_node_a[1]
+    a.resume()
+    yield a, ns
+    a.stop()
 
 
 class TestOneNode:
     """Cases that share one radixtier server on the embedded default (each stores what it reads)."""
 
-    def test_chat_after_flush_and_restart_comes_from_tier3_with_the_same_outputs(self, node_a, reference):
+    def test_chat_after_flush_comes_from_tier3_with_the_same_outputs(self, node_a, reference):
+        """After a restart: the kill -9 case below restarts this server on the same namespace (what
+        SIGTERM leaves is the same to the backend: SGLang never closes it), and the demo's case
+        restarts one gracefully; both check tier-3 hits and outputs after it."""
         s, ns = node_a
         with explained(s):
             runs = passes(s, CHAT)
@@ -160,11 +207,6 @@ class TestOneNode:
             first = runs["flushed"].replies[0]
             assert first.cached.get("storage", 0) >= 1024, f"first turn after the flush: {first.cached}"
             same_outputs(reference["flushed"], runs["flushed"])
-            wait_for_backups(s)
-            s.restart()  # same namespace: what tier 3 holds survives the process
-            after = http_load.replay(s.url, CHAT)
-            assert after.replies[0].cached.get("storage", 0) >= 1024, f"first turn after restart: {after.replies[0].cached}"
-            same_outputs(reference["flushed"], after)
 
     def test_radixtier_metrics_move_on_sglangs_metrics_endpoint(self, node_a):
         s, _ns = node_a
@@ -202,8 +244,8 @@ class TestOneNode:
                 http_load.replay(s.url, FRESH, concurrency=3, on_reply=kill_after_two)
             report = inspect_namespace(ns, verify=True)
             assert report["verified"] and report["errors"] == [], report["errors"][:5]
-            s.start()
-            again = http_load.replay(s.url, CHAT[:1])
+            s.start()  # same namespace: what tier 3 holds survives the process
+            again = http_load.replay(s.url, CHAT)
             assert again.replies[0].cached.get("storage", 0) >= 1024, "tier-3 hits did not resume after the crash"
             same_outputs(reference["flushed"], again)
             fresh = http_load.replay(s.url, FRESH)
@@ -214,7 +256,7 @@ class TestOneNode:
 def test_layer_first_write_back_serves_from_tier3_with_the_same_outputs(model, workdir, reference):
     """write_back copies KV down only when a tier evicts it: FILLER after CHAT evicts all of CHAT."""
     ns = str(workdir / "lf" / "ns.img")
-    args = radixtier_args(ns, layout="layer_first", write_policy="write_back", device=DEVICE)
+    args = radixtier_args(ns, capacity=CAPACITY, layout="layer_first", write_policy="write_back", device=DEVICE)
     with server(model, workdir, "layer-first", args) as s, explained(s):
         cold = http_load.replay(s.url, CHAT)
         same_outputs(reference["cold"], cold)
@@ -226,23 +268,120 @@ def test_layer_first_write_back_serves_from_tier3_with_the_same_outputs(model, w
 
 
 # ---------------------------------------------------------------- (c) two nodes, one namespace, Redis
-def test_a_conversation_begun_on_one_node_continues_on_another_from_its_pages(model, workdir, reference, redis_server):
+@pytest.fixture(scope="class")
+def pair(model, workdir, reference):
+    """Two radixtier servers on one namespace and a private redis-server, both alive (the index
+    trusts only live nodes' records), for the two-node cases. A publishes KV events through
+    radixtier's publisher (tier 3 joined to SGLang's stream), B through SGLang's own. Each partition
+    holds 64 pages (4,096 tokens), so a few long prompts make A's tier 3 evict. Stopped after
+    TestTwoNodes' last case (an idle scheduler spins a core)."""
+    from radixtier.testing.redis_server import RedisServer, free_port
+
+    redis = RedisServer(str(workdir / "pair-redis"))
     ns = str(workdir / "shared" / "ns.img")
-    common = dict(redis_url=redis_server.url, device=DEVICE)
-    a = server(model, workdir, "pair-a", radixtier_args(ns, node_id="node-a", partition=0, **common))
-    b = server(model, workdir, "pair-b", radixtier_args(ns, node_id="node-b", partition=1, **common))
-    # both alive: the index trusts only live nodes' records (a stopped node's partition may be taken over)
-    with a, b, explained(a, b):
-        begun = http_load.Conversation("chat-0", CHAT[0].turns[:2])
-        first = http_load.replay(a.url, [begun])
-        wait_for_backups(a, at_least=20)
-        # the user's third turn reaches B: its prompt is the first two turns and more
-        cont = http_load.replay(b.url, [http_load.Conversation("chat-0", CHAT[0].turns[2:], first_turn=2)])
-        reply = cont.replies[0]
-        assert reply.cached.get("storage", 0) >= 1024, f"B's cached tokens for the third turn: {reply.cached}"
-        assert metric(b.metrics(), "radixtier:remote_pages_read_total", node="node-b") >= 16
-        same_outputs(reference["cold"], cont)
-        assert http_load.compare(reference["cold"], first, LOGPROB_TOL) == []
+    capacity = f"{20 * KV_SCALE}MiB"
+    pa, pb = free_port(), free_port()
+    common = dict(redis_url=redis.url, device=DEVICE, capacity=capacity, partitions=2)
+    a = server(model, workdir, "pair-a", radixtier_args(ns, node_id="node-a", partition=0, **common)
+               + ["--kv-events-config", json.dumps({"publisher": "radixtier", "endpoint": f"tcp://*:{pa}"})])
+    b = server(model, workdir, "pair-b", radixtier_args(ns, node_id="node-b", partition=1, **common)
+               + ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{pb}"})])
+    try:
+        start_together([a, b])
+        yield {"a": a, "b": b, "events_a": f"tcp://127.0.0.1:{pa}", "events_b": f"tcp://127.0.0.1:{pb}"}
+    finally:
+        a.stop()
+        b.stop()
+        redis.stop()
+
+
+class TestTwoNodes:
+    """Cases that share two radixtier servers on one namespace and Redis (the `pair` fixture)."""
+
+    def test_a_conversation_begun_on_one_node_continues_on_another_from_its_pages(self, pair, reference):
+        a, b = pair["a"], pair["b"]
+        with explained(a, b):
+            begun = http_load.Conversation("chat-0", CHAT[0].turns[:2])
+            first = http_load.replay(a.url, [begun])
+            wait_for_backups(a, at_least=20)
+            # the user's third turn reaches B: its prompt is the first two turns and more
+            cont = http_load.replay(b.url, [http_load.Conversation("chat-0", CHAT[0].turns[2:], first_turn=2)])
+            reply = cont.replies[0]
+            assert reply.cached.get("storage", 0) >= 1024, f"B's cached tokens for the third turn: {reply.cached}"
+            assert metric(b.metrics(), "radixtier:remote_pages_read_total", node="node-b") >= 16
+            same_outputs(reference["cold"], cont)
+            assert http_load.compare(reference["cold"], first, LOGPROB_TOL) == []
+
+    def test_dynamos_indexer_keeps_a_flushed_server_for_its_tier3_prefix_until_tier3_evicts(self, pair, workdir):
+        """Two real servers, one namespace and Redis, both on radixtier; Dynamo's standalone KV indexer
+        subscribed to both. A publishes through radixtier's publisher (tier 3 joined to SGLang's stream),
+        B through SGLang's own: after both flush their device and host, Dynamo still scores A for the
+        prompt it holds in tier 3 and has forgotten B (which could load it from tier 3 too, through the
+        shared namespace); once A's tier 3 evicts the prompt, A's score drops."""
+        from radixtier.testing.dynamo_indexer import DynamoIndexer, tokens_of
+        from radixtier.testing.skips import require_dynamo
+
+        require_dynamo()
+        a, b = pair["a"], pair["b"]
+        with explained(a, b), capture(pair["events_a"]) as stream_a:
+            indexer = DynamoIndexer(str(workdir), 64, {1: pair["events_a"], 2: pair["events_b"]})
+            try:
+                prompt = token_ids(1, 1500)
+                whole = len(prompt) // 64 * 64  # SGLang caches whole pages
+                for attempt in range(5):  # a subscriber joins a PUB socket late: ask until both are seen
+                    generate(a, prompt)
+                    generate(b, prompt)
+                    seen = indexer.wait_for(prompt, lambda q: all(tokens_of(q, w, "gpu") >= whole for w in (1, 2)), 10)
+                    if all(tokens_of(seen, w, "gpu") >= whole for w in (1, 2)):
+                        break
+                assert all(tokens_of(seen, w, "gpu") >= whole for w in (1, 2)), seen
+                wait_for_backups(a, at_least=whole // 64)
+                a.flush_cache()
+                b.flush_cache()
+                after_flush = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") >= whole and 2 not in q)
+                print("dynamo /query after flush:", after_flush)
+                assert tokens_of(after_flush, 1, "gpu") == 0 and tokens_of(after_flush, 1, "disk") >= whole, after_flush
+                assert tokens_of(after_flush, 2, "longest_matched") == 0, after_flush  # SGLang's own events: forgotten
+                for n in range(3):  # 3 x 2,000 tokens through A: its partition (4,096 tokens) evicts the prompt
+                    generate(a, token_ids(100 + n, 2000))
+                after_evict = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") < whole, 60)
+                print("dynamo /query after A's tier 3 evicted:", after_evict)
+                assert tokens_of(after_evict, 1, "disk") < whole, after_evict
+                # one stream: SGLang's device events and tier 3's, the latter with the tokens SGLang gave
+                from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored
+
+                events = [e for batch in stream_a for e in batch.events]
+                device = {h: e.token_ids[i * 64:(i + 1) * 64] for e in events if isinstance(e, BlockStored)
+                          and e.medium == "GPU" for i, h in enumerate(e.block_hashes)}
+                disk = [e for e in events if isinstance(e, BlockStored) and e.medium == "DISK"]
+                assert disk and all(e.token_ids for e in disk)
+                checked = 0
+                for e in disk:  # a flush re-announces all of tier 3: earlier cases' pages have no GPU event here
+                    for i, h in enumerate(e.block_hashes):
+                        if h in device:
+                            assert e.token_ids[i * 64:(i + 1) * 64] == device[h]
+                            checked += 1
+                assert checked >= whole // 64, f"{checked} tier-3 blocks matched to SGLang's own events"
+                assert any(isinstance(e, BlockRemoved) and e.medium == "DISK" for e in events)
+                print("A's stream, decoded (the first event of each kind and medium):")
+                shown = set()
+                for e in events:
+                    medium = e.medium if isinstance(e, (BlockStored, BlockRemoved)) else None
+                    if (type(e), medium) in shown:
+                        continue
+                    shown.add((type(e), medium))
+                    line = f"  {type(e).__name__}"
+                    if medium:
+                        line += f" medium={medium} blocks={len(e.block_hashes)} first={e.block_hashes[0]}"
+                    if isinstance(e, BlockStored):
+                        line += (f" parent={e.parent_block_hash} block_size={e.block_size} tokens={len(e.token_ids)}"
+                                 f" {e.token_ids[:6]}...")
+                    print(line)
+            except BaseException:
+                print(indexer.log_tail())
+                raise
+            finally:
+                indexer.stop()
 
 
 # ---------------------------------------------------------------- (g) tensor parallel: a partition per rank
@@ -250,7 +389,7 @@ def test_tp2_ranks_write_their_own_partitions_and_serve_from_them(model, workdir
     if DEVICE == "cuda":
         pytest.skip("TP=2 needs two GPUs; on the CPU each rank gets a core")
     ns = str(workdir / "tp2" / "ns.img")
-    s = server(model, workdir, "tp2", ["--tp-size", "2"] + radixtier_args(ns, device=DEVICE),
+    s = server(model, workdir, "tp2", ["--tp-size", "2"] + radixtier_args(ns, capacity=CAPACITY, device=DEVICE),
                env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
     with s, explained(s):
         runs = passes(s, CHAT[:2])
@@ -283,10 +422,15 @@ def test_the_demo_runs_sglangs_server_and_reports_tier3_reuse(tmp_path):
     assert png.stat().st_size > 10_000
     report = json.loads(out.read_text())
     assert report["all_identical"]
+    assert stdout.startswith(f"radixtier demo: SGLang's real server") and f"computing in {report['dtype']}" in stdout
     for phases in report["workloads"].values():
         assert phases["first visit"]["radixtier"]["storage_tokens"] == 0
+        for path in ("radixtier", "recompute"):  # SGLang's host tier serves users back after other traffic
+            assert phases["after other traffic"][path]["host_share"] > 0.3, phases["after other traffic"][path]
+            assert phases["after other traffic"][path]["storage_tokens"] == 0
         for phase in ("after flush", "after restart"):
             assert phases[phase]["radixtier"]["storage_share"] > 0.3, phases[phase]["radixtier"]
+            assert phases[phase]["radixtier"]["host_tokens"] == 0
             assert phases[phase]["recompute"]["storage_tokens"] == 0
 
 
@@ -336,78 +480,3 @@ def capture(endpoint: str) -> Iterator[list]:
         sub.close()
 
 
-def test_dynamos_indexer_keeps_a_flushed_server_for_its_tier3_prefix_until_tier3_evicts(model, workdir,
-                                                                                         redis_server):
-    """Two real servers, one namespace and Redis, both on radixtier; Dynamo's standalone KV indexer
-    subscribed to both. A publishes through radixtier's publisher (tier 3 joined to SGLang's stream),
-    B through SGLang's own: after both flush their device and host, Dynamo still scores A for the
-    prompt it holds in tier 3 and has forgotten B (which could load it from tier 3 too, through the
-    shared namespace); once A's tier 3 evicts the prompt, A's score drops."""
-    from radixtier.testing.dynamo_indexer import DynamoIndexer, tokens_of
-    from radixtier.testing.redis_server import free_port
-    from radixtier.testing.skips import require_dynamo
-
-    require_dynamo()
-    ns = str(workdir / "router" / "ns.img")
-    pa, pb = free_port(), free_port()
-    # 2 partitions of 64 slots (128 KiB pages): a partition holds 4,096 tokens, so fillers evict
-    common = dict(redis_url=redis_server.url, device=DEVICE, capacity="20MiB", partitions=2)
-    a = server(model, workdir, "router-a", radixtier_args(ns, node_id="node-a", partition=0, **common)
-               + ["--kv-events-config", json.dumps({"publisher": "radixtier", "endpoint": f"tcp://*:{pa}"})])
-    b = server(model, workdir, "router-b", radixtier_args(ns, node_id="node-b", partition=1, **common)
-               + ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{pb}"})])
-    with a, b, explained(a, b), capture(f"tcp://127.0.0.1:{pa}") as stream_a:
-        indexer = DynamoIndexer(str(workdir), 64, {1: f"tcp://127.0.0.1:{pa}", 2: f"tcp://127.0.0.1:{pb}"})
-        try:
-            prompt = token_ids(1, 1500)
-            whole = len(prompt) // 64 * 64  # SGLang caches whole pages
-            for attempt in range(5):  # a subscriber joins a PUB socket late: ask until both are seen
-                generate(a, prompt)
-                generate(b, prompt)
-                seen = indexer.wait_for(prompt, lambda q: all(tokens_of(q, w, "gpu") >= whole for w in (1, 2)), 10)
-                if all(tokens_of(seen, w, "gpu") >= whole for w in (1, 2)):
-                    break
-            assert all(tokens_of(seen, w, "gpu") >= whole for w in (1, 2)), seen
-            wait_for_backups(a, at_least=whole // 64)
-            a.flush_cache()
-            b.flush_cache()
-            after_flush = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") >= whole and 2 not in q)
-            print("dynamo /query after flush:", after_flush)
-            assert tokens_of(after_flush, 1, "gpu") == 0 and tokens_of(after_flush, 1, "disk") >= whole, after_flush
-            assert tokens_of(after_flush, 2, "longest_matched") == 0, after_flush  # SGLang's own events: forgotten
-            for n in range(3):  # 3 x 2,000 tokens through A: its partition (4,096 tokens) evicts the prompt
-                generate(a, token_ids(100 + n, 2000))
-            after_evict = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") < whole, 60)
-            print("dynamo /query after A's tier 3 evicted:", after_evict)
-            assert tokens_of(after_evict, 1, "disk") < whole, after_evict
-            # one stream: SGLang's device events and tier 3's, the latter with the tokens SGLang gave
-            from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored
-
-            events = [e for batch in stream_a for e in batch.events]
-            device = {h: e.token_ids[i * 64:(i + 1) * 64] for e in events if isinstance(e, BlockStored)
-                      and e.medium == "GPU" for i, h in enumerate(e.block_hashes)}
-            disk = [e for e in events if isinstance(e, BlockStored) and e.medium == "DISK"]
-            assert disk and all(e.token_ids for e in disk)
-            for e in disk:
-                for i, h in enumerate(e.block_hashes):
-                    assert e.token_ids[i * 64:(i + 1) * 64] == device[h]
-            assert any(isinstance(e, BlockRemoved) and e.medium == "DISK" for e in events)
-            print("A's stream, decoded (the first event of each kind and medium):")
-            shown = set()
-            for e in events:
-                medium = e.medium if isinstance(e, (BlockStored, BlockRemoved)) else None
-                if (type(e), medium) in shown:
-                    continue
-                shown.add((type(e), medium))
-                line = f"  {type(e).__name__}"
-                if medium:
-                    line += f" medium={medium} blocks={len(e.block_hashes)} first={e.block_hashes[0]}"
-                if isinstance(e, BlockStored):
-                    line += (f" parent={e.parent_block_hash} block_size={e.block_size} tokens={len(e.token_ids)}"
-                             f" {e.token_ids[:6]}...")
-                print(line)
-        except BaseException:
-            print(indexer.log_tail())
-            raise
-        finally:
-            indexer.stop()

@@ -39,17 +39,17 @@ class HFModelSpec:
     max_positions: int = 32768
     seed: int = 0
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, bf16
+    def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
+        """K and V of every layer for one token, computed (and cached) in `dtype`."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * (4 if dtype == "float32" else 2)
 
 
 # The demo's and the SGLang-server bench's shape: the same model with a wide MLP, so that prefill
 # compute -- what a cached prefix saves -- outweighs attention, which SGLang's CPU attention backend
 # (torch_native) computes over the whole sequence even when the prefix is cached. Measured through
-# the real server on 2 cores, a 3,000-token prompt: recomputed 1.8 s, continued from cache 0.46 s;
-# with the 1,024-wide MLP, 0.22 s against 0.13 s (5,000 tokens: 3.4 s / 0.76 s against 1.7 s / 0.64 s).
-WIDE_MLP = HFModelSpec(intermediate=16384)
+# the real server on 2 cores of an AMD EPYC in fp32, a 3,000-token prompt: recomputed 1.84 s, its
+# next turn continued from cache 0.27 s; MLP 16,384: 4.2 s / 0.47 s; MLP 4,096: 1.0 s / 0.27 s.
+WIDE_MLP = HFModelSpec(intermediate=8192)
 
 
 def _tokenizer_vocab() -> Dict[str, int]:

@@ -206,9 +206,10 @@ def agreement(reference: Run, other: Run, logprob_tol: float, near_tie: float = 
     """How two runs of the same workload agree, request by request: "identical" (every output token
     equal, each logprob within logprob_tol), "ties" (the answers part at a token where either run's
     two best candidates were within near_tie of each other: a numerical tie, after which the
-    answers continue from different tokens) and "differ" (anything else: a wrong answer)."""
+    answers continue from different tokens) and "differ" (anything else: a wrong answer); and
+    "worst_logprob_diff": [the largest logprob difference over the tokens both runs share]."""
     ref = reference.by_key()
-    out: Dict[str, List[str]] = {"identical": [], "ties": [], "differ": []}
+    out: Dict[str, List] = {"identical": [], "ties": [], "differ": [], "worst_logprob_diff": [0.0]}
     for key, rep in sorted(other.by_key().items()):
         want = ref.get(key)
         if want is None:
@@ -221,6 +222,7 @@ def agreement(reference: Run, other: Run, logprob_tol: float, near_tie: float = 
         split = next((i for i, (a, b) in enumerate(zip(rep.output_ids, want.output_ids)) if a != b), None)
         same = rep.output_ids[:split] if split is not None else rep.output_ids
         worst = max((abs(a - b) for a, b in zip(rep.logprobs[:len(same)], want.logprobs[:len(same)])), default=0.0)
+        out["worst_logprob_diff"][0] = max(out["worst_logprob_diff"][0], worst)
         if worst > logprob_tol:
             out["differ"].append(f"{key}: logprobs differ by {worst:.4f} (> {logprob_tol})")
         elif split is None and len(rep.output_ids) == len(want.output_ids):

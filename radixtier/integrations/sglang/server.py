@@ -156,22 +156,65 @@ class SGLangServer:
             time.sleep(0.5)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM to the process group, then SIGKILL for what is left after timeout_s."""
+        """SIGTERM to the process group; SIGKILL for what is left once SGLang's workers have exited
+        (or after timeout_s). SGLang 0.5.23's scheduler and detokenizer die on SIGTERM at once; its
+        launcher then sleeps 5 s "to let GPU activity settle" before it exits, which a server that
+        has no worker left gains nothing from."""
         if self.proc is None:
             return
         self._signal_group(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        self._signal_group(signal.SIGKILL)  # SGLang's children, should any outlive their parent
+        self._signal_group(signal.SIGCONT)  # a paused server acts on its SIGTERM once it runs again
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline and self._workers_alive():
+            time.sleep(0.05)
+        self._signal_group(signal.SIGKILL)  # the launcher, and SGLang's children should any outlive it
         self.proc.wait()
+
+    def _workers_alive(self) -> bool:
+        """Whether a process of the server's group other than the launcher, named `sglang::...` as
+        SGLang names its scheduler and detokenizer processes, is still running (not a zombie)."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == self.proc.pid:
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # gone meanwhile
+            name_end = stat.rfind(")")
+            name, fields = stat[stat.find("(") + 1:name_end], stat[name_end + 2:].split()
+            if len(fields) > 2 and fields[2] == str(self.proc.pid) and fields[0] != "Z" and name.startswith("sglang::"):
+                return True
+        return False
 
     def kill(self) -> None:
         """SIGKILL every process of the server at once, as a crash or an OOM kill of the node would."""
         if self.proc is not None:
             self._signal_group(signal.SIGKILL)
             self.proc.wait()
+
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP) until resume(). An idle SGLang scheduler polls
+        its sockets without sleeping and keeps a core busy; a paused one takes no CPU, so another
+        server can be measured beside it. Requests sent meanwhile wait in the socket."""
+        if self.proc is not None and self.proc.poll() is None:
+            self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT); a no-op on a running one."""
+        if self.proc is not None and self.proc.poll() is None:
+            self._signal_group(signal.SIGCONT)
+
+    def warm_up(self, tokens: int = 1024) -> None:
+        """One greedy request of about `tokens` random token ids (sharing no prefix with real
+        traffic): torch's first-run costs (kernel selection for these shapes, allocator growth) land
+        here rather than in the first measured request (the servers start with --skip-server-warmup)."""
+        import random
+
+        rng = random.Random(7)
+        ids = [rng.randrange(32, 90) for _ in range(tokens)]
+        self._post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+                   timeout=300)
 
     def restart(self) -> "SGLangServer":
         self.stop()
@@ -184,7 +227,10 @@ class SGLangServer:
             pass
 
     def __enter__(self) -> "SGLangServer":
-        return self.start()
+        """Starts the server unless it already runs (e.g. started by start_together); stopped on exit."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -210,3 +256,27 @@ class SGLangServer:
             return f"(no log: {exc})"
         kept = [ln[:400] for ln in text if not any(n in ln for n in _LOG_NOISE)]  # server_args= is one huge line
         return f"--- last {min(lines, len(kept))} lines of {self.log_path}\n" + "\n".join(kept[-lines:])
+
+
+def start_together(servers: Sequence[SGLangServer]) -> None:
+    """Start several servers at once (their start-ups are mostly imports, which two cores share
+    better than one start-up uses them); when one fails, every one is stopped and its error raised."""
+    import threading
+
+    errors: List[BaseException] = []
+
+    def start(s: SGLangServer) -> None:
+        try:
+            s.start()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for s in servers:
+            s.stop()
+        raise errors[0]
