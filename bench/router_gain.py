@@ -5,7 +5,7 @@ The two fleets are identical -- same nodes, same tiers, same requests in the sam
 for what their events say:
   tier 3 seen   each node publishes through radixtier's publisher: SGLang's device events plus
                 radixtier's tier-3 events (BlockStored/BlockRemoved, medium DISK, tokens learned
-                from the device events: radixtier/integrations/sglang/kv_events.py, the code the plugin runs)
+                from the device events: radixtier/integrations/sglang/events/kv_events.py, the code the plugin runs)
   device only   each node publishes SGLang's device events alone, through SGLang's own publisher
                 (what a router sees today: SGLang 0.5.23 emits nothing for tier 3)
 Both fleets hold their pages in tier 3 all the same; only the router's knowledge differs.
@@ -124,8 +124,8 @@ class SimNode:
     def __init__(self, worker_id: int, endpoint: str, fast_pages: int, tier3_pages: int, tier3_events: bool) -> None:
         from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
 
-        from radixtier.integrations.sglang.event_stream import RadixtierEventPublisher
-        from radixtier.integrations.sglang.kv_events import Tier3Events
+        from radixtier.integrations.sglang.events.stream import RadixtierEventPublisher
+        from radixtier.integrations.sglang.events.kv_events import Tier3Events
 
         self.worker_id = worker_id
         self.fast, self.tier3 = LruPages(fast_pages), LruPages(tier3_pages)

@@ -53,9 +53,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from radixtier.demo import http_load  # noqa: E402
 from radixtier.demo.hf_model import WIDE_MLP, write_model  # noqa: E402
 from radixtier.demo.server_demo import L3_PHASES, returning_users  # noqa: E402
-from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
+from radixtier.integrations.sglang.launch.cpu_support import cuda_present  # noqa: E402
 from radixtier.native_dtype import resolve_dtype  # noqa: E402
-from radixtier.integrations.sglang.server import (SGLangServer, hicache_args, radixtier_args,  # noqa: E402
+from radixtier.integrations.sglang.launch.server import (SGLangServer, hicache_args, radixtier_args,  # noqa: E402
                                                   stop_servers_on_sigterm)
 
 COMMON = ["--page-size", "64", "--max-total-tokens", "16384", "--enable-cache-report", "--log-level", "warning"]

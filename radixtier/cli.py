@@ -172,7 +172,7 @@ def _add_index_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
-    from radixtier import plan
+    from radixtier import costmodel as plan
 
     geom = plan.geometry_from_args(a)  # every number (flags, --config) checked before any measurement
     inputs = plan.inputs_from_args(a)
@@ -213,7 +213,7 @@ def _cmd_pool_events(a: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from radixtier.integrations.sglang.config import ZMQ_TRANSPORTS
+    from radixtier.integrations.sglang.backend.config import ZMQ_TRANSPORTS
 
     if not 0.1 <= a.report_s <= 86400:  # also refuses nan
         raise ValueError(f"--report-s: expected 0.1..86400 seconds, got {a.report_s}")
@@ -221,8 +221,8 @@ def _cmd_pool_events(a: argparse.Namespace) -> int:
                                                               ("--replay-endpoint", a.replay_endpoint)]:
         if value is not None and ("://" not in value or value.split("://", 1)[0] not in ZMQ_TRANSPORTS):
             raise ValueError(f"{name}: expected a ZMQ endpoint such as tcp://host:5557, got {value[:200]!r}")
-    from radixtier.integrations.sglang.pool_http import parse_listen, serve
-    from radixtier.integrations.sglang.pool_stream import PoolStream
+    from radixtier.fleet.pool_http import parse_listen, serve
+    from radixtier.fleet.pool_stream import PoolStream
 
     if a.http is not None:
         parse_listen(a.http)
@@ -349,7 +349,7 @@ def build_parser(command: Optional[str] = None, embedded: bool = False) -> argpa
     pe.add_argument("--report-s", type=float, default=10.0, help="seconds between status lines (default 10)")
     pe.set_defaults(fn=_cmd_pool_events)
     pl = sub.add_parser("plan", help="predict TTFT and throughput: recompute vs local NVMe vs tiered NVMe-oF",
-                        description="A cost model (radixtier/plan.py states every assumption) of TTFT and "
+                        description="A cost model (radixtier/costmodel.py states every assumption) of TTFT and "
                                     "throughput for recomputing a prefix, reloading it from local NVMe, and "
                                     "reloading it from tiered NVMe-oF, for your model and workload.",
                         epilog="example: radixtier plan --config Llama-3.1-70B/config.json --prefill-tps 20000 "

@@ -15,7 +15,8 @@ from typing import Any, Iterable, List, Optional
 
 import numpy as np
 
-KEY_BYTES = 16  # every page key, in every tier, index and namespace, is this long
+from radixtier.storage.api import KEY_BYTES  # the storage contract's key length
+
 DIGEST_BYTES = KEY_BYTES
 _HASH_VERSION = b"radixtier/page-hash/v1"
 
@@ -23,7 +24,7 @@ _HASH_VERSION = b"radixtier/page-hash/v1"
 def page_key(data: bytes) -> bytes:
     """The one page-key function: a 16-byte blake2b digest. Token pages chain it over
     (parent key || tokens) (PageHasher.chain); the SGLang plugin applies it to SGLang's own page
-    hash plus what makes the bytes differ per rank and layout (radixtier/integrations/sglang/keys.py)."""
+    hash plus what makes the bytes differ per rank and layout (radixtier/integrations/sglang/backend/keys.py)."""
     return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
 
 

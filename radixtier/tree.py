@@ -27,7 +27,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from radixtier.storage.eviction import LEAVES_FIRST, EvictionOrder
+from radixtier.eviction import LEAVES_FIRST, EvictionOrder
 from radixtier.hashing import PageHasher, as_token_array
 from radixtier.tiers import Tier
 

@@ -28,9 +28,9 @@ require_sglang("sglang.srt.mem_cache.hicache_storage")
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageExtraInfo, PoolHitPolicy,  # noqa: E402
                                                   PoolName, PoolTransfer)
 
-from radixtier.integrations.sglang import backend as backend_module  # noqa: E402
-from radixtier.integrations.sglang.backend import RadixTierStorage  # noqa: E402
-from radixtier.integrations.sglang.config import BackendConfig, ConfigError  # noqa: E402
+from radixtier.integrations.sglang.backend import radixtier_storage as backend_module  # noqa: E402
+from radixtier.integrations.sglang.backend.radixtier_storage import RadixTierStorage  # noqa: E402
+from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError  # noqa: E402
 from radixtier.storage.nvmeof.io_engine import uring_unusable_reason  # noqa: E402
 from radixtier.testing.sglang_pools import (PAGE, Guarded, PageFirstOnlyHost, attach,  # noqa: E402
                                             attach_with_sidecar, chain_keys, make_host_pool, slots, storage_config)

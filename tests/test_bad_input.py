@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError
 from radixtier.storage.nvmeof.store import NvmeofPageStore, format_namespace
 from radixtier.units import parse_size
 

@@ -15,7 +15,6 @@ from radixtier.storage.api import PutResult
 from radixtier.tiers import Tier
 
 from radixtier.testing.cache import NUMEL, check_prefix, kv_for, make_cache
-from radixtier.testing.pages import page_content
 
 @pytest.fixture
 def store(ns_file):
@@ -269,20 +268,27 @@ def test_cuda_stream_round_trip(ns4, store):
 @pytest.mark.parametrize("hints", [True, False])
 def test_hold_hints_let_tier3_drop_what_memory_holds_and_write_it_back(ns4, ns_file, hints):
     """Tier 3 under pressure gives up the pages device/host hold first; when memory lets go of
-    them they are written back down, so nothing is lost that was ever cached."""
+    them they are written back down, so nothing is lost that was ever cached. The pressure is the
+    cache's own traffic: a put's evictions reach the cache with the put's result."""
     store = NvmeofPageStore(ns_file, NUMEL * 4, create_bytes=600 << 10)  # 64 slots
     cache = make_cache(ns4, store, device_pages=8, host_pages=8, hold_hints=hints)
 
-    def other_writer(first: int, n: int) -> None:  # another user of this partition's slots
-        keys = [bytes([7, i]) * 8 for i in range(first, first + n)]
-        store.put(keys, [page_content(k, NUMEL) for k in keys])
+    def other_prompts(first: int, n: int) -> None:  # one-page prompts, each written through to tier 3
+        for i in range(first, first + n):
+            toks = list(range(1000 + 4 * i, 1004 + 4 * i))
+            cache.insert(toks, kv_for(ns4, toks))
+            assert cache.flush()
 
-    other_writer(0, store.capacity_pages - 5)
+    other_prompts(0, store.capacity_pages - 5)
+    assert cache.evict(Tier.DEVICE, 8) >= 0 and cache.evict(Tier.HOST, 8) >= 0  # memory holds none of them
+    assert cache.flush()
     tokens = list(range(16))  # 4 pages, held in device and host, written through
     cache.insert(tokens, kv_for(ns4, tokens))
     assert cache.flush()
     hot = PageHasher(ns4).chain(tokens)
-    other_writer(100, 3)  # two slots short: two pages must go
+    more = list(range(5000, 5012))  # one 3-page prompt, one put: two slots short, two pages must go
+    cache.insert(more, kv_for(ns4, more))
+    assert cache.flush()
     if hints:
         assert store.exists(hot) == [False, False, True, True]  # held pages first: memory has them
     else:

@@ -19,7 +19,7 @@ from radixtier.testing.skips import require_sglang
 
 require_sglang("sglang.srt.mem_cache.hicache_storage")
 
-from radixtier.integrations.sglang import cpu_support  # noqa: E402
+from radixtier.integrations.sglang.launch import cpu_support  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -28,7 +28,7 @@ import importlib.util, json, os, sys
 os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
 real_kernel = importlib.util.find_spec("sgl_kernel") is not None
 only = json.loads(sys.argv[1])  # patch names, or "all"
-from radixtier.integrations.sglang import cpu_support
+from radixtier.integrations.sglang.launch import cpu_support
 cpu_support.install(None if only == "all" else only)
 facts = {}
 try:
@@ -38,7 +38,7 @@ except ImportError as exc:
     sys.exit(0)
 import torch
 import sglang.srt.mem_cache.pool_host.mha as mha
-from radixtier.integrations.sglang.cpu_support import COPY_OPS
+from radixtier.integrations.sglang.launch.cpu_support import COPY_OPS
 facts["copy_ops"] = {n: getattr(vars(mha).get(n), "__module__", None) for n in COPY_OPS}
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=16))

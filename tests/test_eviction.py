@@ -1,6 +1,6 @@
 import pytest
 
-from radixtier.storage.eviction import LEAVES_FIRST, PLAIN_LRU, EvictionOrder, smallest_live
+from radixtier.eviction import LEAVES_FIRST, PLAIN_LRU, EvictionOrder, smallest_live
 
 
 def test_leaves_first_never_drops_a_parent_before_its_children():

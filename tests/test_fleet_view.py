@@ -1,10 +1,10 @@
-"""The fleet's tier-3 view of one chain (radixtier/storage/fleet_view.py), over both index implementations."""
+"""The fleet's tier-3 view of one chain (radixtier/fleet/fleet_view.py), over both index implementations."""
 
 from __future__ import annotations
 
 
 from radixtier.storage.api import HOST_TIER, STORAGE_TIER, PageLocation, PageRecord
-from radixtier.storage.fleet_view import NodeView, fleet_view
+from radixtier.fleet.fleet_view import NodeView, fleet_view
 from radixtier.storage.index.inprocess import InProcessIndex, InProcessRegistry
 
 POOL, LOCAL = "a" * 32, "b" * 32  # two namespaces: a shared pool, and one only node c attaches

@@ -130,8 +130,8 @@ def test_a_server_that_does_not_speak_redis_is_a_one_line_error(not_redis):
 
 
 def test_the_plugin_names_redis_url_for_a_server_that_is_not_redis(not_redis, tmp_path):
-    from radixtier.integrations.sglang.attach import open_index
-    from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+    from radixtier.integrations.sglang.backend.attach import open_index
+    from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError
     from radixtier.storage.nvmeof.store import NvmeofPageStore
 
     cfg = BackendConfig.from_extra_config({"path": str(tmp_path / "ns.img"), "capacity": "16MiB",

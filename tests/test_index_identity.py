@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from radixtier.storage import validate
+from radixtier import validate
 from radixtier.storage.index.identity import default_node_id
 from radixtier.storage.index.redis_index import RedisIndexConfig, RedisPrefixIndex
 

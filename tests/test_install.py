@@ -102,8 +102,8 @@ def test_the_wheel_and_sdist_install_and_sglang_loads_the_backend_from_them(buil
 
     out = json.loads(_run([py, "-c", CHECK, REPO, str(tmp_path)], cwd=str(tmp_path)).stdout.strip().splitlines()[-1])
     assert out["file"].startswith(str(tmp_path / "venv")), out["file"]
-    assert out["plugins"] == ["radixtier.integrations.sglang.plugin:register"]
-    assert out["backend"] == "radixtier.integrations.sglang.backend.RadixTierStorage"
+    assert out["plugins"] == ["radixtier.integrations.sglang.launch.plugin:register"]
+    assert out["backend"] == "radixtier.integrations.sglang.backend.radixtier_storage.RadixTierStorage"
     assert out["put"] == [True, True] and out["get"] == [True, True] and out["same"] == [True, True], out
 
 

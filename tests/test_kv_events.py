@@ -1,4 +1,4 @@
-"""Tier-3 KV events (radixtier/integrations/sglang/kv_events.py): SGLang's own event classes and ZMQ
+"""Tier-3 KV events (radixtier/integrations/sglang/events/kv_events.py): SGLang's own event classes and ZMQ
 publisher, read back as a router would -- over ZMQ, decoded with SGLang's msgspec types."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved,
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo  # noqa: E402
 from sglang.srt.mem_cache.utils import hash_str_to_int64  # noqa: E402
 
-from radixtier.integrations.sglang.config import BackendConfig, ConfigError  # noqa: E402
-from radixtier.integrations.sglang.kv_events import EventsConfig, Tier3Events  # noqa: E402
+from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError  # noqa: E402
+from radixtier.integrations.sglang.events.kv_events import EventsConfig, Tier3Events  # noqa: E402
 from radixtier.testing.sglang_pools import attach, chain_keys, make_host_pool, slots  # noqa: E402
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -134,8 +134,8 @@ def test_events_are_off_unless_an_endpoint_is_set_and_a_bad_one_is_refused_by_na
     import subprocess
     import sys
 
-    code = ("import sys, radixtier.integrations.sglang.backend\n"
-            "print('radixtier.integrations.sglang.kv_events' in sys.modules)")
+    code = ("import sys, radixtier.integrations.sglang.backend.radixtier_storage\n"
+            "print('radixtier.integrations.sglang.events.kv_events' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
     for bad in ("5600", "http://x:1", "tcp:/x"):
@@ -167,7 +167,7 @@ def sglang_stream(endpoints):
     the backend attached, as in SGLang's scheduler (tree cache first, publisher second)."""
     from sglang.srt.disaggregation.kv_events import EventPublisherFactory
 
-    from radixtier.integrations.sglang.plugin import register_event_publisher
+    from radixtier.integrations.sglang.launch.plugin import register_event_publisher
 
     register_event_publisher()
     pub, replay = endpoints

@@ -22,7 +22,7 @@ def test_the_storage_layer_does_not_import_the_embedded_cache_or_demo():
     mods = loaded_after("import radixtier.storage.nvmeof.store, radixtier.storage.index.redis_index, "
                         "radixtier.storage.publisher, radixtier.storage.nvmeof.inspect")
     assert not {m for m in mods if m.startswith(("radixtier.cache", "radixtier.tree", "radixtier.demo",
-                                                 "radixtier.transfer", "radixtier.pools"))}
+                                                 "radixtier.mover", "radixtier.pools"))}
 
 
 def test_format_and_inspect_do_not_import_torch_or_the_demo(tmp_path):
@@ -36,7 +36,7 @@ def test_format_and_inspect_do_not_import_torch_or_the_demo(tmp_path):
 
 
 def test_the_core_never_imports_the_demo():
-    mods = loaded_after("import radixtier, radixtier.cache, radixtier.cli, radixtier.tree, radixtier.transfer")
+    mods = loaded_after("import radixtier, radixtier.cache, radixtier.cli, radixtier.tree, radixtier.mover")
     assert not {m for m in mods if m.startswith("radixtier.demo")}
 
 
@@ -46,18 +46,18 @@ def test_the_sglang_backend_does_not_load_the_embedded_cache_or_tree():
         import sglang  # noqa: F401
     except ImportError as exc:  # pragma: no cover - CI installs it
         pytest.skip(f"sglang is not installed: {exc}")
-    mods = loaded_after("import radixtier.integrations.sglang.backend")
-    assert not {m for m in mods if m.startswith(("radixtier.cache", "radixtier.tree", "radixtier.transfer",
+    mods = loaded_after("import radixtier.integrations.sglang.backend.radixtier_storage")
+    assert not {m for m in mods if m.startswith(("radixtier.cache", "radixtier.tree", "radixtier.mover",
                                                  "radixtier.pools", "radixtier.demo"))}
     assert "radixtier.storage.publisher" in mods  # the same storage layer the embedded cache uses
     # the tools that run SGLang here (the CPU support layer, the server launcher) are not the backend's
-    assert not {"radixtier.integrations.sglang.cpu_support", "radixtier.integrations.sglang.server"} & mods
+    assert not {"radixtier.integrations.sglang.launch.cpu_support", "radixtier.integrations.sglang.launch.server"} & mods
 
 
 def test_the_plugin_entry_point_loads_nothing_heavy():
     """SGLang loads plugins in every process before anything else: the entry point must stay light."""
-    mods = loaded_after("import radixtier.integrations.sglang.plugin")
-    assert not {"torch", "sglang", "radixtier.integrations.sglang.backend"} & mods
+    mods = loaded_after("import radixtier.integrations.sglang.launch.plugin")
+    assert not {"torch", "sglang", "radixtier.integrations.sglang.backend.radixtier_storage"} & mods
 
 
 def test_both_paths_publish_through_one_publisher():
@@ -93,11 +93,11 @@ def test_implementations_satisfy_the_storage_protocols(tmp_path):
 
 
 def test_the_tree_the_cache_and_rdma_import_nothing_from_the_nvmeof_backend():
-    """The eviction order and the page checksum live in neutral modules (radixtier/storage/eviction.py,
+    """The eviction order and the page checksum live in neutral modules (radixtier/eviction.py,
     radixtier/storage/checksum.py) that the tree, the store and the RDMA transport import downward."""
     mods = loaded_after("import radixtier.tree, radixtier.cache, radixtier.storage.rdma")
     assert not {m for m in mods if m.startswith("radixtier.storage.nvmeof")}
-    assert {"radixtier.storage.eviction", "radixtier.storage.checksum"} <= mods
+    assert {"radixtier.eviction", "radixtier.storage.checksum"} <= mods
 
 
 def test_tests_and_benchmarks_share_support_by_package_not_by_path():
@@ -167,7 +167,7 @@ def test_the_store_config_is_embedded_not_copied():
     from radixtier.storage.nvmeof.config import StoreConfig
 
     try:
-        from radixtier.integrations.sglang.config import BackendConfig
+        from radixtier.integrations.sglang.backend.config import BackendConfig
     except ImportError as exc:  # pragma: no cover - needs the redis package only
         pytest.skip(str(exc))
     own = {f.name for f in dataclasses.fields(BackendConfig)}
@@ -205,8 +205,8 @@ def test_opening_a_namespace_reads_its_superblock_once(tmp_path, monkeypatch):
     NvmeofPageStore(path).close()
     assert calls == {"unpack": 1, "plan": 0}
     try:
-        from radixtier.integrations.sglang.attach import open_partition
-        from radixtier.integrations.sglang.config import BackendConfig
+        from radixtier.integrations.sglang.backend.attach import open_partition
+        from radixtier.integrations.sglang.backend.config import BackendConfig
     except ImportError as exc:  # pragma: no cover
         pytest.skip(str(exc))
     calls.update(unpack=0, plan=0)
@@ -226,7 +226,7 @@ def test_the_index_operator_tools_are_loaded_by_the_cli_only():
     import pathlib
 
     mods = loaded_after("import radixtier.storage.index.redis_index, radixtier.cache, "
-                        "radixtier.integrations.sglang.attach, radixtier.integrations.sglang.config")
+                        "radixtier.integrations.sglang.backend.attach, radixtier.integrations.sglang.backend.config")
     assert "radixtier.storage.index.redis_index" in mods
     assert "radixtier.storage.index.redis_admin" not in mods
     importers = []
@@ -235,3 +235,71 @@ def test_the_index_operator_tools_are_loaded_by_the_cli_only():
             if isinstance(node, ast.ImportFrom) and node.module == "radixtier.storage.index.redis_admin":
                 importers.append(name)
     assert importers == ["radixtier.cli"], importers
+
+
+# ---------------------------------------------------------------------------- issue 37's rules
+def _imports_of(prefixes) -> dict:
+    """{module: radixtier modules it imports} for the modules whose names start with `prefixes`."""
+    graph = import_graph(modules())
+    return {m: {t for t in ts if t.startswith("radixtier")} for m, ts in graph.items() if m.startswith(prefixes)}
+
+
+def test_the_storage_layer_imports_no_serving_path_or_fleet_service():
+    for mod, targets in _imports_of(("radixtier.storage",)).items():
+        bad = {t for t in targets if t.startswith(("radixtier.integrations", "radixtier.fleet", "radixtier.cache",
+                                                   "radixtier.tree", "radixtier.mover", "radixtier.demo"))}
+        assert not bad, f"{mod} imports {sorted(bad)}"
+
+
+def test_the_fleet_service_is_reached_only_from_the_cli():
+    importers = sorted(m for m, ts in _imports_of(("radixtier",)).items()
+                       if not m.startswith("radixtier.fleet") and any(t.startswith("radixtier.fleet") for t in ts))
+    assert importers == ["radixtier.cli"], importers
+
+
+def test_the_sglang_backend_reads_and_writes_through_the_tier_client():
+    """SGLang's surface holds SGLang's calls; the local-then-remote read, the hint cache and what
+    follows a write are the storage layer's TierClient (the embedded path shares the Publisher)."""
+    backend = _imports_of(("radixtier.integrations.sglang.backend.radixtier_storage",))[
+        "radixtier.integrations.sglang.backend.radixtier_storage"]
+    assert "radixtier.storage.client" in backend
+    assert not {"radixtier.storage.publisher", "radixtier.storage.nvmeof.store"} & backend
+    # the SGLang folder by job: the backend never loads how SGLang is launched
+    for mod, targets in _imports_of(("radixtier.integrations.sglang.backend",
+                                     "radixtier.integrations.sglang.events")).items():
+        assert not {t for t in targets if t.startswith("radixtier.integrations.sglang.launch")}, mod
+
+
+def test_the_slot_table_keeps_its_lock_and_tuples_to_itself():
+    """Only the store uses the slot table, through its whole-batch calls: nobody imports its tuple
+    positions, and no other module touches its lock, index or order."""
+    import ast
+    import re
+
+    mods = modules()
+    importers = {m for m, ts in _imports_of(("radixtier",)).items() if "radixtier.storage.nvmeof.slots" in ts}
+    assert importers == {"radixtier.storage.nvmeof.store"}, importers
+    src = ast.parse(mods["radixtier.storage.nvmeof.store"].read_text())
+    names = {a.name for n in ast.walk(src) if isinstance(n, ast.ImportFrom)
+             and n.module == "radixtier.storage.nvmeof.slots" for a in n.names}
+    assert names <= {"SlotTable", "PutPlan", "ReadPlan"}, names
+    for name, path in mods.items():
+        if name != "radixtier.storage.nvmeof.slots":
+            hit = re.search(r"slots\.(_lock|_index|_order|lock|index|order)\b", path.read_text())
+            assert hit is None, f"{name}: {hit.group(0)}"
+
+
+def test_names_say_once_what_they_are():
+    """One Publisher (the index's queue is PublishQueue); no look-alike module pairs; KEY_BYTES
+    defined once, in the storage contract."""
+    import ast
+    import re
+
+    mods = modules()
+    publishers = [m for m, p in mods.items()
+                  if any(isinstance(n, ast.ClassDef) and n.name == "Publisher" for n in ast.walk(ast.parse(p.read_text())))]
+    assert publishers == ["radixtier.storage.publisher"], publishers
+    assert not {"radixtier.transfer", "radixtier.plan", "radixtier.cache.policy", "radixtier.storage.eviction",
+                "radixtier.storage.validate", "radixtier.storage.fleet_view"} & set(mods)
+    defined = [m for m, p in mods.items() if re.search(r"^KEY_BYTES\s*=", p.read_text(), re.M)]
+    assert defined == ["radixtier.storage.api"], defined

@@ -433,7 +433,7 @@ def test_a_lapsed_store_refuses_page_and_table_writes(tmp_path, monkeypatch):
 
 
 def test_the_sglang_backend_takes_and_checks_the_lease_timing():
-    from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+    from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError
 
     cfg = BackendConfig.from_extra_config({"path": "/nonexistent/ns.img", "lease_s": 4, "lease_io_timeout_s": 0.5})
     assert (cfg.store.lease_s, cfg.store.lease_io_timeout_s) == (4.0, 0.5)

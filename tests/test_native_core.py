@@ -260,7 +260,7 @@ def test_a_read_the_ring_never_ran_is_a_miss_and_keeps_the_page(tmp_path, monkey
 
 def test_a_page_two_reads_hold_stays_held_until_both_end():
     """Pages in read are kept per read: one read ending must not free a page another still reads."""
-    from radixtier.storage.eviction import EvictionOrder
+    from radixtier.eviction import EvictionOrder
 
     r = EvictionOrder()
     for k in (key(1), key(2), key(3)):

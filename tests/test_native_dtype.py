@@ -52,7 +52,7 @@ def test_resolve_dtype_takes_auto_or_a_name_and_refuses_the_rest_by_name():
 
 
 def test_sglangs_cpu_server_is_told_the_dtype(tmp_path):
-    from radixtier.integrations.sglang.server import SGLangServer
+    from radixtier.integrations.sglang.launch.server import SGLangServer
 
     s = SGLangServer(str(tmp_path), ["--page-size", "64"], log_path=str(tmp_path / "log"), dtype="float32")
     cmd = s.command()

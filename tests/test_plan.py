@@ -7,7 +7,7 @@ import json
 import pytest
 
 from radixtier.cli import main as cli_main
-from radixtier.plan import Inputs, KVGeometry, predict, verdict
+from radixtier.costmodel import Inputs, KVGeometry, predict, verdict
 
 
 def test_kv_bytes_per_token_from_hf_configs(tmp_path):
@@ -95,7 +95,7 @@ def test_config_fields_are_checked_by_name(tmp_path):
 
 
 def test_write_file_removes_a_partial_file(tmp_path, monkeypatch):
-    from radixtier import plan
+    from radixtier import costmodel as plan
 
     out = tmp_path / "plot.png"
     real_open = open
@@ -129,7 +129,7 @@ def test_every_corner_of_the_ranges_gives_a_finite_prediction():
     import itertools
     import math
 
-    from radixtier.plan import COUNT, RATE, SECONDS, SECONDS_PER_TOKEN, format_report
+    from radixtier.costmodel import COUNT, RATE, SECONDS, SECONDS_PER_TOKEN, format_report
 
     big = COUNT.high
     for g in (KVGeometry(1, 1, 1, 1), KVGeometry(big, big, big, 8), KVGeometry(big, dtype_bytes=8, mla_dim=big)):

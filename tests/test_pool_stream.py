@@ -1,4 +1,4 @@
-"""The shared pool's stream (radixtier/integrations/sglang/pool_stream.py, `radixtier pool-events`): what it
+"""The shared pool's stream (radixtier/fleet/pool_stream.py, `radixtier pool-events`): what it
 makes of the nodes' tier-3 events, and Dynamo's indexer reading it as one more source."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved,
                                                  EventPublisherFactory, KVEventBatch)
 from sglang.srt.mem_cache.utils import hash_str_to_int64  # noqa: E402
 
-from radixtier.integrations.sglang.kv_events import Tier3Events  # noqa: E402
-from radixtier.integrations.sglang.plugin import register_event_publisher  # noqa: E402
-from radixtier.integrations.sglang.pool_stream import PoolStream  # noqa: E402
+from radixtier.integrations.sglang.events.kv_events import Tier3Events  # noqa: E402
+from radixtier.integrations.sglang.launch.plugin import register_event_publisher  # noqa: E402
+from radixtier.fleet.pool_stream import PoolStream  # noqa: E402
 from radixtier.testing.redis_server import free_port  # noqa: E402
 from radixtier.testing.sglang_pools import chain_keys  # noqa: E402
 
@@ -160,7 +160,7 @@ def test_the_fleet_view_over_http_answers_per_node_and_refuses_hostile_input(poo
     import urllib.error
     import urllib.request
 
-    from radixtier.integrations.sglang.pool_http import serve
+    from radixtier.fleet.pool_http import serve
 
     pool.apply(0, [stored([1, 2, 3], None)])
     pool.apply(1, [stored([1], None)])

@@ -27,7 +27,7 @@ from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockStored, 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo  # noqa: E402
 from sglang.srt.mem_cache.utils import hash_str_to_int64  # noqa: E402
 
-from radixtier.integrations.sglang.plugin import register_event_publisher  # noqa: E402
+from radixtier.integrations.sglang.launch.plugin import register_event_publisher  # noqa: E402
 from radixtier.testing.dynamo_indexer import DynamoIndexer, tokens_of  # noqa: E402
 from radixtier.testing.redis_server import free_port  # noqa: E402
 from radixtier.testing.sglang_pools import PAGE, attach, chain_keys, make_host_pool, slots  # noqa: E402

@@ -17,7 +17,7 @@ from radixtier.testing.skips import require_sglang  # noqa: E402
 require_sglang("radixtier.testing.sglang_driver")
 from radixtier.testing.sglang_driver import SGLangNode  # noqa: E402
 
-from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
+from radixtier.integrations.sglang.launch.cpu_support import cuda_present  # noqa: E402
 
 if cuda_present():
     pytest.skip("CUDA present: SGLang's L1<->L2 copies are CUDA kernels, which CPU pools cannot use; "

@@ -18,10 +18,10 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageExtraInfo, PoolH
                                                   PoolTransfer)
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
-from radixtier.integrations.sglang.attach import index_node_id  # noqa: E402
-from radixtier.integrations.sglang.backend import RadixTierStorage  # noqa: E402
-from radixtier.integrations.sglang.config import ConfigError  # noqa: E402
-from radixtier.integrations.sglang.keys import RankIdentity  # noqa: E402
+from radixtier.integrations.sglang.backend.attach import index_node_id  # noqa: E402
+from radixtier.integrations.sglang.backend.radixtier_storage import RadixTierStorage  # noqa: E402
+from radixtier.integrations.sglang.backend.config import ConfigError  # noqa: E402
+from radixtier.integrations.sglang.backend.keys import RankIdentity  # noqa: E402
 from radixtier.storage.nvmeof.layout import HEADER_BYTES  # noqa: E402
 from radixtier.testing.sglang_pools import (PAGE, PageFirstOnlyHost, attach, attach_with_sidecar,  # noqa: E402
                                             chain_keys, make_host_pool, page_bytes, same_bytes, scramble, slots,
@@ -335,7 +335,7 @@ def test_entry_point_hooks_sglangs_argument_check():
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radixtier.integrations.sglang.plugin import CHECK_TARGET, after_check_server_args
+    from radixtier.integrations.sglang.launch.plugin import CHECK_TARGET, after_check_server_args
 
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "radixtier"]
     assert eps, "radixtier is not installed with its sglang.srt.plugins entry point"
@@ -354,7 +354,7 @@ def _server_args(extra, policy="wait_complete", backend="dynamic"):
 
 
 def test_argument_check_hook_checks_logs_and_warns(ns, caplog):
-    from radixtier.integrations.sglang.plugin import after_check_server_args, backend_extra_config
+    from radixtier.integrations.sglang.launch.plugin import after_check_server_args, backend_extra_config
 
     with caplog.at_level(logging.INFO, logger="radixtier.sglang"):
         assert after_check_server_args("r", _server_args(None, backend="file")) == "r"

@@ -29,9 +29,9 @@ require_sglang("sglang.srt.mem_cache.hicache_storage")
 
 from radixtier.demo import http_load  # noqa: E402
 from radixtier.demo.hf_model import write_model  # noqa: E402
-from radixtier.integrations.sglang.plugin import backend_extra_config  # noqa: E402
-from radixtier.integrations.sglang.cpu_support import cuda_present  # noqa: E402
-from radixtier.integrations.sglang.server import (SGLangServer, ServerStartError, hicache_args,  # noqa: E402
+from radixtier.integrations.sglang.launch.plugin import backend_extra_config  # noqa: E402
+from radixtier.integrations.sglang.launch.cpu_support import cuda_present  # noqa: E402
+from radixtier.integrations.sglang.launch.server import (SGLangServer, ServerStartError, hicache_args,  # noqa: E402
                                                   radixtier_args, start_together)
 from radixtier.native_dtype import resolve_dtype  # noqa: E402
 from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402

@@ -164,7 +164,7 @@ def test_corrupt_torn_or_stale_page_is_a_miss_and_freed(tmp_path, where, engine)
     kind = {"payload": "corrupt_checksum", "header": "corrupt_header", "table_stale": "corrupt_header"}[where]
     assert getattr(s.counters, kind) == 1
     assert s.exists([victim]) == [False]  # freed: never read again
-    assert victim in s.take_evicted()
+    assert s.take_dropped() == [victim] and s.take_dropped() == []  # named once, for the index and the tree
     assert torch.equal(out[3], content(3))
     s.close()
     report = inspect_json(path)
@@ -290,7 +290,7 @@ def test_restart_recovers_index(target):
     assert all(s.get([key(i) for i in range(10)], out))
     assert all(torch.equal(out[i], content(i)) for i in range(10))
     # the chain structure came back too: the leaf goes first
-    assert s._slots.order.peek_victim() == key(9)
+    assert s._slots.peek_victim() == key(9)
     s.close()
 
 
@@ -607,7 +607,7 @@ def test_a_put_that_fails_inside_its_commit_gives_each_slot_back_once(tmp_path, 
     """A failure after some of a batch's slots were committed or released (here: the eviction order
     refuses the third page) gives back only the rest, once each: no slot on the free list twice
     (which would hand one slot to two pages), none lost, the index and the order agree."""
-    from radixtier.storage import eviction
+    from radixtier import eviction
 
     s = open_store(str(tmp_path / "ns.img"), io_engine="threads")
     real, calls = eviction.EvictionOrder.add, [0]
@@ -623,11 +623,11 @@ def test_a_put_that_fails_inside_its_commit_gives_each_slot_back_once(tmp_path, 
         s.put([key(i) for i in range(6)], [content(i) for i in range(6)])
     monkeypatch.setattr(eviction.EvictionOrder, "add", real)
     slots = s._slots
-    with slots.lock:
+    with slots._lock:
         free = list(slots._free)
-        used = [v[0] for v in slots.index.values()]
+        used = [v[0] for v in slots._index.values()]
         assert len(free) == len(set(free)), "a slot is on the free list twice"
         assert sorted(free + used) == list(range(s.capacity_pages)), "a slot was lost or doubled"
-        assert set(slots.index) == set(slots.order)
+        assert set(slots._index) == set(slots._order)
     assert len(s) == 2 and all(s.put([key(i) for i in range(6)], [content(i) for i in range(6)]).ok)
     s.close()

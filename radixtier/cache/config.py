@@ -1,5 +1,5 @@
 """CacheConfig: sizes and policies of one node's embedded tiered cache, validated in one place
-(with the same shared checks, radixtier/storage/validate.py, as the store's and SGLang's settings)."""
+(with the same shared checks, radixtier/validate.py, as the store's and SGLang's settings)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from radixtier.policies import PrefetchPolicy, WritePolicy, parse_enum
 from radixtier.pools import resolve_device
-from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST
-from radixtier.storage.validate import one_of, positive_int
+from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST
+from radixtier.validate import one_of, positive_int
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 
 from radixtier.cache import tier3
 from radixtier.cache.inflight import WRITING
-from radixtier.cache.policy import must_keep_copy
+from radixtier.cache.copy_rules import must_keep_copy
 from radixtier.cache.state import CacheState
 from radixtier.cache.transfers import Launcher
 from radixtier.tiers import Tier

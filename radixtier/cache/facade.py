@@ -26,7 +26,7 @@ the cache lock lets `outcomes` apply it and carries out the follow-up work it re
 Lock order (a thread holding one may take only those below it):
     1. `state.lock`: the cache lock (an RLock): tree, pools, in-flight node table
     2. the store's own locks, through calls that never wait on I/O (leading_run, exists, hold,
-       location, take_evicted), and the prefix index's queue lock (publish/unpublish only enqueue)
+       location, take_dropped), and the prefix index's queue lock (publish/unpublish only enqueue)
     3. leaves: the in-flight completion condition, the transfer engine's depth lock and queues, stats
 Never under the cache lock: store.put/get (device I/O, fdatasync), index lookups (network),
 waiting on a transfer. The serving thread therefore never waits on the disk while it holds the
@@ -61,7 +61,7 @@ from radixtier.pools import PagePool, resolve_device
 from radixtier.storage.api import PageStore, PrefixIndex
 from radixtier.storage.publisher import Publisher
 from radixtier.tiers import Tier
-from radixtier.transfer import TransferEngine
+from radixtier.mover import PageMover
 from radixtier.tree import RadixTree, TreeMatch
 
 __all__ = ["CacheConfig", "LoadResult", "MatchResult", "PrefixHandle", "TieredKVCache"]
@@ -89,7 +89,7 @@ class TieredKVCache:
             tree=RadixTree(hasher, cfg.eviction, busy=inflight.busy, on_split=inflight.on_split),
             device_pool=device_pool, host_pool=host_pool, pools={Tier.DEVICE: device_pool, Tier.HOST: host_pool},
             store=store, publisher=Publisher(store, index) if store is not None else None, stats=stats,
-            mover=TransferEngine(device_pool, host_pool, store, stats, cfg.io_workers), inflight=inflight,
+            mover=PageMover(device_pool, host_pool, store, stats, cfg.io_workers), inflight=inflight,
             lock=threading.RLock())
         # the parts, each handed only the parts below it; finished transfers come back to _apply
         launcher = Launcher(s, self._apply)

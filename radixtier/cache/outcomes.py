@@ -37,6 +37,7 @@ class Ack:
     fut: Future
     ok: List[bool]
     evicted: List[bytes]
+    put: Optional[PutResult] = None  # a write's whole result (where each page went), for the index
 
 
 @dataclass
@@ -57,7 +58,7 @@ def read(op: Transfer, fut: Future) -> Ack:
         log.warning("radixtier: transfer failed: %s", exc)
         return Ack(fut, [False] * n, [])
     if isinstance(res, PutResult):
-        return Ack(fut, list(res.ok), list(res.evicted))
+        return Ack(fut, list(res.ok), list(res.evicted), res)
     if isinstance(res, list):
         return Ack(fut, [bool(x) for x in res], [])
     return Ack(fut, [True] * n, [])
@@ -160,10 +161,10 @@ class Outcomes:
             s.tree.set_storage_pages(n_, max(n_.storage_pages, run))
             if run and (n_.device is not None or n_.host is not None):
                 follow.hold.append(s.tree.page_keys(n_)[:run])
-        if s.publisher is not None:
+        if s.publisher is not None and ack.put is not None:
             if root is None:
                 root = root_of(s.tree, groups[0][0]) if groups else keys[0]
-            s.publisher.stored(root, keys, ok, evicted)
+            s.publisher.stored(root, keys, ack.put)
 
     def _adopt(self, op: Load | Backup, fut: Future, tier: Tier, ok: bool) -> Groups:
         """A copy into `tier` finished: give each node its slots, free the rest, clear the in-flight mark."""

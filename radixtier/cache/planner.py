@@ -19,7 +19,7 @@ from radixtier.cache import tier3
 from radixtier.cache.evictor import Evictor
 from radixtier.cache.handle import LoadResult, MatchResult, PrefixHandle
 from radixtier.cache.inflight import LOADING, PROMOTING
-from radixtier.cache.policy import is_hot
+from radixtier.cache.copy_rules import is_hot
 from radixtier.cache.state import CacheState
 from radixtier.cache.transfers import Launcher
 from radixtier.cache.writer import Writer

@@ -28,7 +28,7 @@ from radixtier.pools import PagePool
 from radixtier.storage.api import PageStore
 from radixtier.storage.publisher import Publisher
 from radixtier.tiers import Tier
-from radixtier.transfer import TransferEngine
+from radixtier.mover import PageMover
 from radixtier.tree import RadixTree
 
 
@@ -46,6 +46,6 @@ class CacheState:
     store: Optional[PageStore]
     publisher: Optional[Publisher]  # None without a store (nothing to publish or read remotely)
     stats: CacheStats
-    mover: TransferEngine
+    mover: PageMover
     inflight: InFlight
     lock: threading.RLock

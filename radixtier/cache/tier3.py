@@ -4,7 +4,7 @@ Owns no state. Hold hints (`hold`) tell the store which of its pages the memory 
 (its first victims); `learn_storage_evictions` applies what the store dropped on its own (for
 other writers, or found corrupt) to the tree. Both are called with the cache lock held, by the
 evictor and the planner (serving thread) and by the façade's apply point (transfer threads);
-the store's `hold`, `take_evicted` and `exists` take only its own locks (level 2 of the lock
+the store's `hold`, `take_dropped` and `exists` take only its own locks (level 2 of the lock
 order in facade.py).
 """
 
@@ -22,13 +22,16 @@ def hold(s: CacheState, keys: Sequence[bytes], held: bool) -> None:
 
 
 def learn_storage_evictions(s: CacheState) -> None:
-    """Apply what tier 3 dropped since the last look (evictions made for other writers, pages it
-    found corrupt) before planning reads from it, so a plan rarely names a page already gone."""
+    """Apply what tier 3 dropped on its own since the last look (pages a read found corrupt) before
+    planning reads from it, so a plan rarely names a page already gone. A put's evictions arrive
+    with its result (outcomes.py), once."""
     store = s.store
     if store is None:
         return
-    gone = store.take_evicted()
+    gone = store.take_dropped()
     if gone:
-        for key, present in zip(gone, store.exists(gone)):
-            if not present:
-                s.tree.storage_evicted(key)
+        gone = [key for key, present in zip(gone, store.exists(gone)) if not present]
+        for key in gone:
+            s.tree.storage_evicted(key)
+        if gone and s.publisher is not None:  # and the index, so no node is sent to them again
+            s.publisher.removed(gone)

@@ -1,4 +1,4 @@
-"""The planner (radixtier/plan.py) applied to the demo's own run: its measured prefill rate and
+"""The planner (radixtier/costmodel.py) applied to the demo's own run: its measured prefill rate and
 tier-3 bandwidth, its concurrency, and each request's reuse, against the TTFT the demo measured.
 This is how `radixtier plan` is checked: same model, inputs measured here, error stated."""
 
@@ -11,7 +11,7 @@ from typing import Dict, List
 
 from radixtier.demo.serving import RequestResult
 from radixtier.demo.toymodel import ToyLlama
-from radixtier.plan import Inputs, request_ttft
+from radixtier.costmodel import Inputs, request_ttft
 
 
 @dataclass

@@ -23,7 +23,7 @@ from radixtier.storage.nvmeof.store import NvmeofPageStore
 from radixtier.storage.index.inprocess import InProcessIndex
 from radixtier.demo.predict import MeasuredHardware, measure_prefill, predicted_mean_ttft, reuse_by_tier
 from radixtier.demo.toymodel import SIZES, ModelSpec, ToyLlama
-from radixtier.plan import measure_read_gbps
+from radixtier.costmodel import measure_read_gbps
 from radixtier.demo.workloads import agent_types, multi_turn_chat
 
 

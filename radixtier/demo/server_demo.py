@@ -17,7 +17,7 @@ The toy model computes in the CPU's native dtype (`radixtier.native_dtype`): bf1
 has AVX-512 BF16 or AMX, fp32 elsewhere (bf16 in software is about 4x slower there).
 
 On a machine without CUDA the servers run through radixtier's CPU support layer
-(`radixtier.integrations.sglang.cpu_support`); `--device cuda` runs SGLang as it is.
+(`radixtier.integrations.sglang.launch.cpu_support`); `--device cuda` runs SGLang as it is.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 from radixtier.demo import http_load
 from radixtier.demo.hf_model import WIDE_MLP, write_model
-from radixtier.integrations.sglang.cpu_support import cuda_present
-from radixtier.integrations.sglang.server import (SGLangServer, hicache_args, radixtier_args, start_together,
+from radixtier.integrations.sglang.launch.cpu_support import cuda_present
+from radixtier.integrations.sglang.launch.server import (SGLangServer, hicache_args, radixtier_args, start_together,
                                                   stop_servers_on_sigterm)
 from radixtier.native_dtype import resolve_dtype
 

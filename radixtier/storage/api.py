@@ -14,6 +14,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Pro
 
 import numpy as np
 
+KEY_BYTES = 16  # every page key, in every tier, index and namespace, is this long (radixtier.hashing makes them)
+
 # A page buffer: a contiguous CPU torch tensor, any writable buffer-protocol object, or (address, nbytes).
 BufferLike = Union[Any, Tuple[int, int]]
 
@@ -40,10 +42,14 @@ LocationTuple = Tuple[str, int, int, int, int]
 
 @dataclass
 class PutResult:
-    ok: List[bool]
-    evicted: List[bytes] = field(default_factory=list)  # keys dropped to make room, in eviction order
+    """What one put did -- each fact once, so callers tell the index and the event stream from it
+    without asking the store again."""
+
+    ok: List[bool]  # per key: stored (written now, or already)
+    evicted: List[bytes] = field(default_factory=list)  # keys dropped to make room, in eviction order, each once
     already_stored: int = 0  # ok pages the store held before this call (nothing written for them)
     written: int = 0  # pages this call wrote (a key twice in one batch is written once)
+    locations: List[Optional[LocationTuple]] = field(default_factory=list)  # per key: where it is stored, or None
 
 
 @dataclass(frozen=True)
@@ -57,45 +63,79 @@ class PageRecord:
 
 @runtime_checkable
 class PageStore(Protocol):
-    """Tier 3: pages by 16-byte key, each read proven (header + checksum) before it is reported ok."""
+    """Tier 3: pages by 16-byte key, each read proven (slot header and checksum) before it is
+    reported ok. Thread-safe; every call may run on any transfer thread.
 
-    page_bytes: int
-    capacity_pages: int
-    uuid: str
-    partition: int
+    Failure, for every method: a bad argument (a key that is not 16 bytes, lists of different
+    lengths, a buffer of the wrong size) raises ValueError naming it, before any I/O; an I/O error or
+    a page that fails proof is a per-page miss (False), counted and logged, never an exception and
+    never wrong bytes; a call after close() raises RuntimeError."""
+
+    page_bytes: int  # the largest page a slot holds
+    capacity_pages: int  # slots of this partition
+    uuid: str  # the namespace's uuid (hex): a PageLocation elsewhere than here is refused
+    partition: int  # the partition this store writes
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
-            parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult: ...
+            parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
+        """Store pages: keys[i]'s bytes are buffers[i] (a tensor, a buffer, (address, nbytes) or a
+        list of segments); parents[i] the key of the page before it in its chain (None: a chain's
+        first page, or unknown), which the eviction order follows (leaves first). Returns ok per key
+        (durable and indexed, or held already), the location of each stored page and the keys
+        evicted to make room (each once, in order). A full store of pages being read stores the
+        leading part of the batch; a lease this store no longer holds stores nothing."""
 
-    def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]: ...
+    def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
+        """Read pages into caller buffers: ok[i] only once page i's slot header and checksum proved
+        it (False: not held here, or failed proof; a page that fails proof is freed and later
+        named by take_dropped)."""
 
-    def exists(self, keys: Sequence[bytes]) -> List[bool]: ...
+    def read_locations(self, locations: Sequence[Union[PageLocation, LocationTuple]], keys: Sequence[bytes],
+                       buffers: Sequence[BufferLike]) -> List[bool]:
+        """Read pages by where another node says they are (PageLocation or LocationTuple), in one
+        batch: ok[i] only once the slot header proves keys[i] at that generation and the checksum
+        matches. A location in another namespace, outside the slots or of another size is False."""
 
-    def leading_run(self, keys: Sequence[bytes]) -> int: ...
+    def exists(self, keys: Sequence[bytes]) -> List[bool]:
+        """Per key: held here now (no I/O)."""
 
-    def location(self, key: bytes) -> Optional[PageLocation]: ...
+    def leading_run(self, keys: Sequence[bytes]) -> int:
+        """How many of keys, from the first, are held here (no I/O)."""
 
-    def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool: ...
+    def location(self, key: bytes) -> Optional[PageLocation]:
+        """Where a held page is (for other nodes to read), or None."""
 
-    def delete(self, keys: Sequence[bytes]) -> int: ...
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove pages (a page being read stays); returns how many were removed."""
 
-    def clear(self) -> int: ...
+    def clear(self) -> int:
+        """Remove every page; returns how many were removed."""
 
-    def touch(self, keys: Sequence[bytes]) -> None: ...
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Count a use of these pages for the eviction order (unknown keys are ignored)."""
 
-    def hold(self, keys: Sequence[bytes], held: bool = True) -> None: ...
+    def hold(self, keys: Sequence[bytes], held: bool = True) -> None:
+        """A faster tier holds (or no longer holds) these pages: held pages are evicted first."""
 
-    def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]: ...
+    def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]:
+        """(key, parent, location) of every held page, as of one moment."""
 
-    def take_evicted(self) -> List[bytes]: ...
+    def take_dropped(self) -> List[bytes]:
+        """Keys this store freed outside a put since the last call (a read found them unproven);
+        a put's evictions are in its PutResult only."""
 
-    def stats(self) -> Dict[str, object]: ...
+    def stats(self) -> Dict[str, object]:
+        """Counters and geometry (pages, bytes, errors by kind, evictions by reason, engine)."""
 
-    def register_memory(self, regions: Sequence[Tuple[int, int]]) -> bool: ...
+    def register_memory(self, regions: Sequence[Tuple[int, int]]) -> bool:
+        """Host memory reads land in, as (address, nbytes), registered with the I/O engine once;
+        [] gives it back. False where the engine cannot (logged): reads work either way."""
 
-    def __len__(self) -> int: ...
+    def __len__(self) -> int:
+        """Pages held."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Refuse new calls, wait for running ones, release the partition."""
 
 
 Republisher = Callable[[], Iterable[Tuple[bytes, bytes, PageRecord]]]  # yields (root, key, record)
@@ -104,23 +144,32 @@ Republisher = Callable[[], Iterable[Tuple[bytes, bytes, PageRecord]]]  # yields 
 @runtime_checkable
 class PrefixIndex(Protocol):
     """Which page hashes exist anywhere in the fleet. Keys are page hashes; a chain's pages are
-    published under the chain's root page hash so a whole chain is looked up at once."""
+    published under the chain's root page hash so a whole chain is looked up at once.
 
-    node_id: str
+    The index is advisory, and every method says so by how it fails: writes are queued and
+    applied in the background (an unreachable index drops them, counted in health()); lookups
+    answer within their timeout or return no records; no method raises because the index is
+    down. A record is never trusted by a reader: the page's slot header proves it."""
 
-    def publish(self, root: bytes, keys: Sequence[bytes], records: Sequence[PageRecord]) -> None: ...
+    node_id: str  # this process's identity in the index (one live process each)
 
-    def unpublish(self, keys: Sequence[bytes]) -> None: ...
+    def publish(self, root: bytes, keys: Sequence[bytes], records: Sequence[PageRecord]) -> None:
+        """Record that this node holds keys[i] at records[i], under the chain's root page (queued)."""
+
+    def unpublish(self, keys: Sequence[bytes]) -> None:
+        """Withdraw this node's records of these pages (queued)."""
 
     def lookup(self, root: Optional[bytes], keys: Sequence[bytes],
                exclude_self: bool = True) -> List[List[PageRecord]]:
-        """Records of the leading run of `keys` (one chain) held by other live nodes. root=None:
+        """Records of the leading run of `keys` (one chain) held by other live nodes: one list per
+        page of the run, [] when nobody holds keys[0] or the index cannot answer in time. root=None:
         the caller does not know the chain's first page; the index finds it from keys[0]."""
 
     def lookup_locations(self, root: Optional[bytes], keys: Sequence[bytes],
                          namespace: str) -> List[LocationTuple]:
         """Per page of the leading run of `keys` that another live node holds in tier 3 of
-        `namespace`: (namespace, slot, generation, length, checksum) -- lookup()'s fast path."""
+        `namespace`: (namespace, slot, generation, length, checksum) -- lookup()'s fast path
+        (decoded in bulk, no object per page); [] when the index cannot answer in time."""
 
     def set_republisher(self, fn: Republisher) -> None:
         """What to publish again after a restart or an outage (the index calls it when it must)."""
@@ -131,7 +180,8 @@ class PrefixIndex(Protocol):
     def health(self) -> Dict[str, object]:
         """At least `up` (lookups answered) and `queue_depth`; implementations add their counters."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop background work and give up this node's liveness (its records lapse)."""
 
 
 def buffer_view(buf: BufferLike, nbytes: Optional[int] = None) -> memoryview:

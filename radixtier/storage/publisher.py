@@ -1,7 +1,8 @@
 """What this node's store holds, told to the prefix index; what other nodes hold, asked of it.
 
 The one place both serving paths go through for the index: `TieredKVCache` (embedded) and
-`RadixTierStorage` (SGLang) publish what they stored, unpublish what the store evicted, and
+`RadixTierStorage` (SGLang) publish what a put stored and unpublish what it evicted (from the
+put's own result: no trip back to the store), and
 ask for the leading run of a chain that other live nodes hold in the same namespace. The
 index is advisory: every failure here is logged and becomes "nothing remote", never an
 exception into serving, and a remote record is never trusted until the slot header proves it.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.api import STORAGE_TIER, LocationTuple, PageRecord, PageStore, PrefixIndex
+from radixtier.storage.api import (STORAGE_TIER, LocationTuple, PageLocation, PageRecord, PageStore, PrefixIndex,
+                                   PutResult)
 
 log = logging.getLogger("radixtier.storage.publisher")
 
@@ -56,21 +58,22 @@ class Publisher:
         if index is not None:  # after a restart (or an outage) the index is told again what the store holds
             index.set_republisher(lambda: store_records(store, index.node_id))
 
-    def stored(self, root: bytes, keys: Sequence[bytes], ok: Sequence[bool], evicted: Sequence[bytes]) -> None:
-        """Publish the pages of one chain (under its root page) that the store now holds; unpublish
-        the pages it evicted to make room."""
+    def stored(self, root: bytes, keys: Sequence[bytes], result: PutResult) -> None:
+        """Tell the index what one put did: publish the pages of one chain (under its root page)
+        that the store now holds, at the locations the put reported, and unpublish the pages it
+        evicted to make room (each once, as the result names them)."""
         index = self.index
         if index is None:
             return
         try:
-            if evicted:
-                index.unpublish(list(evicted))
+            if result.evicted:
+                index.unpublish(list(result.evicted))
             pub, recs = [], []
-            for key, good in zip(keys, ok):
-                loc = self.store.location(key) if good else None
+            node = index.node_id
+            for key, loc in zip(keys, result.locations):
                 if loc is not None:
                     pub.append(key)
-                    recs.append(PageRecord(index.node_id, STORAGE_TIER, loc))
+                    recs.append(PageRecord(node, STORAGE_TIER, PageLocation(*loc)))
             if pub:
                 index.publish(root, pub, recs)
         except Exception as exc:  # the index is advisory: serving goes on without it

@@ -12,12 +12,12 @@ from radixtier.testing.pages import page_content
 NUMEL = 1024  # int32 elements per page: 4 KiB pages
 
 
-def make_cache(ns, store=None, **kw) -> TieredKVCache:
+def make_cache(ns, store=None, index=None, **kw) -> TieredKVCache:
     """16 device and 32 host pages on the CPU; `kw` overrides any CacheConfig field."""
     cfg = dict(page_size=ns.page_size, page_shape=(NUMEL,), dtype=torch.int32, device_pages=16,
                host_pages=32, device="cpu")
     cfg.update(kw)
-    return TieredKVCache(CacheConfig(**cfg), ns, store=store)
+    return TieredKVCache(CacheConfig(**cfg), ns, store=store, index=index)
 
 
 def kv_for(ns, tokens, first_page=0) -> torch.Tensor:

@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.eviction import LEAVES_FIRST, EvictionOrder
+from radixtier.eviction import LEAVES_FIRST, EvictionOrder
 from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_view
 
 
@@ -36,7 +36,6 @@ class OneFilePerPageStore:
         self._write_lock = threading.Lock()
         self._pages: Dict[bytes, Tuple[int, Optional[bytes]]] = {}  # key -> (length, parent)
         self._order = EvictionOrder(eviction)
-        self._evicted: List[bytes] = []
 
     def _file(self, key: bytes) -> str:
         return os.path.join(self.directory, key.hex() + ".bin")
@@ -71,7 +70,8 @@ class OneFilePerPageStore:
                     self._pages[key] = (mv.nbytes, parent)
                     self._order.add(key, parent if parent in self._pages else None)
                 ok[i] = True
-        return PutResult(ok, evicted)
+        return PutResult(ok, evicted, locations=[(self.uuid, 0, 0, len(buffer_view(b)), 0) if good else None
+                                                 for good, b in zip(ok, buffers)])
 
     def _drop(self, key: bytes) -> None:
         self._pages.pop(key, None)
@@ -118,8 +118,9 @@ class OneFilePerPageStore:
             p = self._pages.get(bytes(key))
         return None if p is None else PageLocation(self.uuid, 0, 0, p[0], 0)
 
-    def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
-        return self.get([key], [buffer])[0]
+    def read_locations(self, locations: Sequence[PageLocation], keys: Sequence[bytes],
+                       buffers: Sequence[BufferLike]) -> List[bool]:
+        return self.get(keys, buffers)
 
     def delete(self, keys: Sequence[bytes]) -> int:
         with self._lock:
@@ -157,10 +158,9 @@ class OneFilePerPageStore:
         for key, (length, parent) in items:
             yield key, parent, PageLocation(self.uuid, 0, 0, length, 0)
 
-    def take_evicted(self) -> List[bytes]:
-        with self._lock:
-            out, self._evicted = self._evicted, []
-            return out
+    def take_dropped(self) -> List[bytes]:
+        """The baseline never drops a page outside a put."""
+        return []
 
     def __len__(self) -> int:
         with self._lock:

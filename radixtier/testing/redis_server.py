@@ -11,24 +11,12 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, List, Optional
 
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+from radixtier import ports
 
 
 def free_port(cluster: bool = False) -> int:
-    """A free loopback port; for cluster nodes also its bus port (port + 10000) must be free and valid."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not cluster or (port + 10000 < 65536 and _is_free(port + 10000)):
-            return port
+    """A free loopback port (radixtier.ports); for cluster nodes also its bus port (port + 10000)."""
+    return ports.free_port(also_free=(lambda p: p + 10000 < 65536 and ports.is_free(p + 10000)) if cluster else None)
 
 
 class RedisServer:

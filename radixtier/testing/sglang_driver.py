@@ -9,7 +9,7 @@ offers the scheduler's steps in the scheduler's order (allocation with eviction,
 passes, `check_prefetch_progress`, `init_load_back`, load to device).
 
 On the CPU, SGLang's L1<->L2 copy ops and pinned host pool need radixtier's CPU support layer
-(`radixtier.integrations.sglang.cpu_support`, the same patches the real server runs with here);
+(`radixtier.integrations.sglang.launch.cpu_support`, the same patches the real server runs with here);
 `ServerArgs(model_path="dummy")` skips argument resolution, so its hicache step (`handle_hicache`)
 is run here, and the parallel state is stated (tp = pp = 1) since no process group exists.
 """
@@ -40,7 +40,7 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from radixtier.integrations.sglang import cpu_support
+from radixtier.integrations.sglang.launch import cpu_support
 
 
 class SGLangNode:

@@ -17,7 +17,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-from radixtier.integrations.sglang.backend import RadixTierStorage
+from radixtier.integrations.sglang.backend.radixtier_storage import RadixTierStorage
 
 PAGE = 16  # tokens per page of every pool made here
 GUARD_BYTE = 0x5A

@@ -13,11 +13,11 @@ __all__ = ["RadixTierStorage", "BackendConfig", "ConfigError"]
 
 def __getattr__(name: str) -> Any:
     if name == "RadixTierStorage":
-        from radixtier.integrations.sglang.backend import RadixTierStorage
+        from radixtier.integrations.sglang.backend.radixtier_storage import RadixTierStorage
 
         return RadixTierStorage
     if name in ("BackendConfig", "ConfigError"):
-        from radixtier.integrations.sglang import config
+        from radixtier.integrations.sglang.backend import config
 
         return getattr(config, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

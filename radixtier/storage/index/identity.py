@@ -26,7 +26,7 @@ import socket
 import uuid
 from typing import Optional
 
-from radixtier.storage import validate
+from radixtier import validate
 
 DEFAULT_ID_BYTES = validate.NODE_ID_MAX_BYTES - 8  # room for the SGLang plugin's ".r<rank>" suffix
 _CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence
 
-from radixtier.storage import validate
+from radixtier import validate
 from radixtier.storage.api import STORAGE_TIER, LocationTuple, PageRecord, Republisher
 
 

@@ -24,7 +24,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-KEY_BYTES = 16  # page keys (radixtier.hashing): every name is the prefix plus 32 hex digits
+from radixtier.storage.api import KEY_BYTES  # page keys: every name is the prefix plus 2 * KEY_BYTES hex digits
+
 _CRLF = np.frombuffer(b"\r\n", dtype=np.uint8)
 
 

@@ -34,7 +34,7 @@ TIERS = (STORAGE_TIER, HOST_TIER)
 _TIER_CODE = {STORAGE_TIER: 0, HOST_TIER: 1}
 _REC = struct.Struct("<BBH16sQQIII")
 assert _REC.size == RECORD_BYTES
-NODE_FIELD_BYTES = 48  # a node id (at most 48 bytes, radixtier/storage/validate.py), NUL-padded
+NODE_FIELD_BYTES = 48  # a node id (at most 48 bytes, radixtier/validate.py), NUL-padded
 ENTRY_BYTES = NODE_FIELD_BYTES + RECORD_BYTES  # one holder of a page: node id, then its record
 MAX_HOLDERS = 16  # entries a page's value keeps (writers replace the oldest beyond this)
 ENTRY_DTYPE = np.dtype({"names": ["node", "v", "tier", "rsv", "ns", "slot", "gen", "len", "crc"],

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 from urllib.parse import parse_qs, urlparse
 
-from radixtier.storage import validate
+from radixtier import validate
 from radixtier.storage.index.identity import default_node_id
 
 MAX_SECONDS = 86_400.0  # durations beyond a day are typos (1e308 overflowed socket timeouts and expiries)

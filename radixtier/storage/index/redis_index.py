@@ -48,7 +48,7 @@ from radixtier.storage.index.redis_health import Counters, Problems
 from radixtier.storage.index.redis_keys import Keys
 from radixtier.storage.index.redis_liveness import Heartbeat, Republication
 from radixtier.storage.index.redis_lookup import Lookups
-from radixtier.storage.index.redis_publish import Publisher
+from radixtier.storage.index.redis_publish import PublishQueue
 from radixtier.storage.index.redis_repair import Repair
 from radixtier.storage.index.redis_scripts import ScriptRunner
 
@@ -84,7 +84,7 @@ class RedisPrefixIndex:
         scripts = ScriptRunner(redis, cfg.cluster)
         repair = Repair(redis, cfg.cluster, problems, counters, keys.owned(cfg.node_id), self._republish_due.set)
         self._lookups = Lookups(self._reader, keys, cfg.node_id, cfg.lookup_max_holders, cfg.heartbeat_s, counters)
-        self._publisher = Publisher(self._writer, keys, cfg.node_id, cfg.publish_queue, cfg.cluster, scripts,
+        self._publisher = PublishQueue(self._writer, keys, cfg.node_id, cfg.publish_queue, cfg.cluster, scripts,
                                     repair, counters, problems)
         self._beats = Heartbeat(cfg, keys, self._writer, self._reader, repair, counters, problems,
                                 self._republish_due)

@@ -30,7 +30,7 @@ from radixtier.storage.index.redis_config import RedisIndexConfig
 from radixtier.storage.index.redis_conn import Client, Down, Link, is_hex, text
 from radixtier.storage.index.redis_health import Counters, Problems
 from radixtier.storage.index.redis_keys import Keys
-from radixtier.storage.index.redis_publish import Publisher
+from radixtier.storage.index.redis_publish import PublishQueue
 from radixtier.storage.index.redis_repair import Repair
 
 log = logging.getLogger("radixtier.storage.redis")
@@ -151,7 +151,7 @@ class Heartbeat:
 class Republication:
     """Re-publishes what the store holds (its republisher's records) and deletes our stale records."""
 
-    def __init__(self, publisher: Publisher, writer: Link, keys: Keys, node_id: str, repair: Repair,
+    def __init__(self, publisher: PublishQueue, writer: Link, keys: Keys, node_id: str, repair: Repair,
                  counters: Counters, republish_due: threading.Event,
                  source: Optional[Republisher] = None) -> None:
         self._publisher, self._writer, self._keys, self._node_id = publisher, writer, keys, node_id

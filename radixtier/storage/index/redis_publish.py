@@ -35,7 +35,7 @@ ROOT_PTR_TTL_S = 7 * 24 * 3600  # refreshed by every publish (and republish) of 
 Op = Tuple[str, tuple]  # ("pub", (root, key, record)) or ("unpub", (key,))
 
 
-class Publisher:
+class PublishQueue:
     """The publish queue and its drain; publish()/unpublish() never touch Redis."""
 
     def __init__(self, writer: Link, keys: Keys, node_id: str, queue_limit: int, cluster: bool,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from radixtier.storage.eviction import EVICTION_MODES, LEAVES_FIRST
+from radixtier.eviction import EVICTION_MODES, LEAVES_FIRST
 from radixtier.storage.nvmeof.io_engine import ENGINES, MAX_QUEUE_DEPTH
 from radixtier.storage.nvmeof.lease import DEFAULT_LEASE_S, check_timing, default_io_timeout_s
-from radixtier.storage.validate import VERIFY_MODES, one_of, positive_int
+from radixtier.validate import VERIFY_MODES, one_of, positive_int
 
 DEFAULT_COALESCE_BYTES = 1 << 20  # largest vectored I/O built from adjacent slots
 

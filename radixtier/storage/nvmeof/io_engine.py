@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from radixtier.storage.api import PageSegments, native_buffer
 from radixtier.storage.nvmeof.layout import NATIVE_LAYOUT
 from radixtier.storage.nvmeof.status import PageStatus
-from radixtier.storage.validate import positive_int
+from radixtier.validate import positive_int
 
 log = logging.getLogger("radixtier.storage.io")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 import uuid as uuid_mod
 
-from radixtier.hashing import KEY_BYTES
+from radixtier.storage.api import KEY_BYTES
 from radixtier.storage.checksum import checksum
 from dataclasses import dataclass
 from typing import Optional

@@ -63,7 +63,7 @@ from radixtier.storage.nvmeof.io_engine import deadline_clock as clock
 from radixtier.storage.nvmeof.io_engine import pwritev_by
 from radixtier.storage.nvmeof.layout import BLOCK, LEASE_CLEAN, LEASE_HELD, LeaseRecord, Superblock
 from radixtier.storage.nvmeof.target import Target, read_aligned
-from radixtier.storage.validate import positive_seconds
+from radixtier.validate import positive_seconds
 
 log = logging.getLogger("radixtier.storage.nvmeof.lease")
 

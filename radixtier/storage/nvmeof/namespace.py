@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from radixtier.storage.nvmeof.io_engine import aligned_buffer
 from radixtier.storage.nvmeof.layout import BLOCK, FormatError, Superblock
 from radixtier.storage.nvmeof.target import Target, open_target, read_aligned, reserve_file_space, write_aligned
-from radixtier.storage.validate import positive_int
+from radixtier.validate import positive_int
 
 log = logging.getLogger("radixtier.storage.nvmeof")
 

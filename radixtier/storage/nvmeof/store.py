@@ -28,27 +28,25 @@ import errno
 import logging
 import os
 from dataclasses import replace
-from operator import itemgetter
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from radixtier.storage.api import BufferLike, PageLocation, PutResult
+from radixtier.storage.api import BufferLike, LocationTuple, PageLocation, PutResult
 from radixtier.storage.nvmeof.config import DEFAULT_COALESCE_BYTES, StoreConfig
 from radixtier.storage.nvmeof.gate import CallGate
 from radixtier.storage.nvmeof.io_engine import deadline_check_reason, make_engine
-from radixtier.storage.nvmeof.layout import ENTRY_BYTES, FREE_ENTRY, KEY_BYTES
+from radixtier.storage.nvmeof.layout import ENTRY_BYTES, KEY_BYTES
 from radixtier.storage.nvmeof.lease import PartitionLease
 from radixtier.storage.nvmeof.namespace import OpenedNamespace, format_namespace, open_namespace, read_superblock
 from radixtier.storage.nvmeof.page_io import Geometry, PageBuffers, make_page_io, verify_slots
-from radixtier.storage.nvmeof.slots import CSUM, GEN, LENGTH, PARENT, SLOT, Slot, SlotTable
-from radixtier.storage.nvmeof.status import ALL_OK, IO_FAILED, NOT_RUN, StoreCounters, why
+from radixtier.storage.nvmeof.slots import PutPlan, SlotTable
+from radixtier.storage.nvmeof.status import ALL_OK, NOT_RUN, StoreCounters, why
 from radixtier.storage.nvmeof.target import read_aligned
-from radixtier.storage.validate import node_id as validate_node_id
+from radixtier.validate import node_id as validate_node_id
 
 __all__ = ["NvmeofPageStore", "StoreConfig", "StoreCounters", "format_namespace", "read_superblock",
            "DEFAULT_COALESCE_BYTES"]
 
 log = logging.getLogger("radixtier.storage.nvmeof")
-_LENGTH_OF = itemgetter(LENGTH)
 
 
 def _check_keys(keys: Sequence[bytes]) -> List[bytes]:
@@ -159,7 +157,7 @@ class NvmeofPageStore:
                          "unclean": unclean, "lease_waited_s": round(lease.waited_s, 3)}
         if self.recovery["entries"]:
             log.info("radixtier: %s partition %d: recovered %d pages (%d dropped, verify=%s)", self.path,
-                     partition, len(self._slots.index), dropped, mode)
+                     partition, len(self._slots), dropped, mode)
 
     @property
     def fenced(self) -> str:
@@ -171,33 +169,19 @@ class NvmeofPageStore:
 
     # ---------------------------------------------------------------- queries
     def exists(self, keys: Sequence[bytes]) -> List[bool]:
-        keys = _check_keys(keys)
-        with self._slots.lock:
-            index = self._slots.index
-            return [k in index for k in keys]
+        return self._slots.exists(_check_keys(keys))
 
     def leading_run(self, keys: Sequence[bytes]) -> int:
-        keys = _check_keys(keys)
-        with self._slots.lock:
-            index = self._slots.index
-            n = 0
-            for k in keys:
-                if k not in index:
-                    break
-                n += 1
-            return n
+        return self._slots.leading_run(_check_keys(keys))
 
     def location(self, key: bytes) -> Optional[PageLocation]:
-        key = _check_key(key)
-        with self._slots.lock:
-            s = self._slots.index.get(key)
-            return None if s is None else PageLocation(self.uuid, s[SLOT], s[GEN], s[LENGTH], s[CSUM])
+        place = self._slots.location(_check_key(key))
+        return None if place is None else PageLocation(self.uuid, *place)
 
     def entries(self) -> Iterator[Tuple[bytes, Optional[bytes], PageLocation]]:
-        with self._slots.lock:
-            items = list(self._slots.index.items())
-        for key, s in items:
-            yield key, s[PARENT], PageLocation(self.uuid, s[SLOT], s[GEN], s[LENGTH], s[CSUM])
+        uuid = self.uuid
+        for key, parent, place in self._slots.entries():
+            yield key, parent, PageLocation(uuid, *place)
 
     def touch(self, keys: Sequence[bytes]) -> None:
         self._slots.touch(_check_keys(keys))
@@ -207,12 +191,11 @@ class NvmeofPageStore:
         even ahead of their children, since their prefix stays reachable from that tier."""
         self._slots.hold(keys, held)
 
-    def take_evicted(self) -> List[bytes]:
-        return self._slots.take_evicted()
+    def take_dropped(self) -> List[bytes]:
+        return self._slots.take_dropped()
 
     def __len__(self) -> int:
-        with self._slots.lock:
-            return len(self._slots.index)
+        return len(self._slots)
 
     @property
     def num_free(self) -> int:
@@ -237,7 +220,8 @@ class NvmeofPageStore:
     # ---------------------------------------------------------------- writes
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
             parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
-        """Write pages; ok[i] is True once page i is durable and indexed (or was already stored)."""
+        """Write pages; ok[i] is True once page i is durable and indexed (or was already stored).
+        The result names each stored page's location and each page evicted to make room, once."""
         with self._gate.call(self.path):
             keys = _check_keys(keys)
             if len(buffers) != len(keys):
@@ -258,61 +242,31 @@ class NvmeofPageStore:
             if n > self.page_bytes or n == 0:
                 raise ValueError(f"put: page {k.hex()} has {n} bytes; this namespace holds pages of "
                                  f"at most {self.page_bytes} bytes")
-        ok = [False] * len(keys)
-        evicted: List[bytes] = []
         if self.fenced:  # another opener holds the partition now: writing would destroy its pages
             self.counters.fenced_writes += len(keys)
-            return PutResult(ok, evicted)
-        plan: List[Tuple[int, bytes, Optional[bytes], int, int]] = []  # (i, key, parent, slot, generation)
-        first_of: Dict[bytes, int] = {}  # key -> index of its first copy in this batch
-        dups: List[Tuple[int, int]] = []  # (index, index of the copy that is written)
-        already = 0
+            return PutResult([False] * len(keys))
         slots = self._slots
-        with slots.lock:
-            index, order = slots.index, slots.order
-            for i, key in enumerate(keys):
-                if key in index:
-                    ok[i] = True
-                    already += 1
-                    order.touch(key)
-                    continue
-                if key in first_of:
-                    dups.append((i, first_of[key]))  # stored only if its first copy is
-                    continue
-                slot = slots.take_slot_locked(evicted)
-                if slot is None:
-                    break  # full of pages being read: the rest of this batch is not stored
-                first_of[key] = i
-                plan.append((i, key, parent_keys[i], slot, 0))
-            if plan:
-                gens = slots.generations_locked(len(plan))
-                plan = [(i, key, parent, slot, gens[j]) for j, (i, key, parent, slot, _g) in enumerate(plan)]
-        if plan:
-            settled = bytearray(len(plan))  # 1 once page j's slot was committed or given back
+        plan = slots.plan_put(keys, parent_keys)
+        if plan.writes:
             try:
-                self._write(bufs, lengths, plan, ok, settled)
+                self._write(bufs, lengths, plan)
             except BaseException:
-                with slots.lock:  # the rest go back free, exactly once, their in-memory entries cleared
-                    for j, (_i, _key, _p, slot, _g) in enumerate(plan):
-                        if not settled[j]:
-                            slots.set_entry_locked(slot, FREE_ENTRY)
-                            slots.release_locked((slot,))
+                slots.abandon_put(plan)  # the rest go back free, exactly once, their in-memory entries cleared
                 raise
-        for i, j in dups:
-            ok[i] = ok[j]
-        return PutResult(ok, evicted, already, sum(ok[p[0]] for p in plan))
+        uuid = self.uuid
+        return PutResult(plan.ok, plan.evicted, plan.already, plan.written(),
+                         [None if p is None else (uuid, *p) for p in plan.places])
 
-    def _write(self, bufs: PageBuffers, lengths: List[int], plan: List[Tuple[int, bytes, Optional[bytes], int, int]],
-               ok: List[bool], settled: bytearray) -> None:
-        """Data, then durability, then the table entries, then the in-memory index: a page exists
-        for readers (here and after a crash) only once its bytes are on the device. `settled[j]` is
-        set as page j's slot is committed or given back (put() gives back the rest if this raises)."""
+    def _write(self, bufs: PageBuffers, lengths: List[int], plan: PutPlan) -> None:
+        """Data, then durability, then the table entries, then the in-memory index (commit_put): a
+        page exists for readers (here and after a crash) only once its bytes are on the device."""
         try:
             deadline = self._lease.write_deadline()
-        except OSError as exc:
-            self._refuse_planned(plan, exc, settled)
+        except OSError as exc:  # put()'s check passed but no write may be issued now: nothing of the batch is
+            self._fenced_during_write(len(plan.writes), exc)
+            self._slots.refuse_put(plan)
             return
-        status, sums, entries, err = self._io.write(bufs, plan, deadline)
+        status, sums, entries, err = self._io.write(bufs, plan.writes, deadline)
         failed = len(status) - status.count(ALL_OK)
         if failed and (err == errno.ETIME or self.fenced):
             self._fenced_during_write(failed, OSError(errno.ETIME, self.fenced or "write deadline"))
@@ -321,53 +275,7 @@ class NvmeofPageStore:
             log.error("radixtier: %s: write of %d page(s) failed: %s", self.path, failed, os.strerror(err or 5))
         if self.sync:
             os.fdatasync(self._t.fd)
-        placed = [(slot, gen, lengths[i], sums[j], parent) for j, (i, _key, parent, slot, gen) in enumerate(plan)]
-        self._commit_written(plan, entries, placed, status, ok, settled)
-
-    def _commit_written(self, plan: list, entries: bytes, placed: List[Slot], status: bytes,
-                        ok: List[bool], settled: bytearray) -> None:
-        """Written pages become visible: table entries, made durable, then the in-memory index.
-        `entries` holds each planned page's packed table entry (ENTRY_BYTES apiece, plan order) and
-        `placed` its index tuple: a batch is committed without building an object per page."""
-        entry = memoryview(entries)
-        slots = self._slots
-        with slots.lock:
-            for j, (_i, _key, _parent, slot, _g) in enumerate(plan):
-                slots.set_entry_locked(slot, entry[j * ENTRY_BYTES:(j + 1) * ENTRY_BYTES]
-                                       if status[j] == ALL_OK else FREE_ENTRY)
-        try:
-            slots.flush(slots.entry_block(slot) for _i, _k, _p, slot, _g in plan)
-            table_ok = True
-        except OSError as exc:
-            log.error("radixtier: %s", exc)
-            table_ok = False
-        pages = nbytes = 0
-        with slots.lock:
-            for j, (i, key, _parent, slot, _g) in enumerate(plan):
-                if status[j] == ALL_OK and table_ok:
-                    slots.commit_locked(key, placed[j])
-                    ok[i] = True
-                    pages += 1
-                    nbytes += placed[j][LENGTH]
-                else:
-                    if not table_ok:  # else a later flush of this block would write the entry out
-                        slots.set_entry_locked(slot, FREE_ENTRY)
-                    slots.release_locked((slot,))
-                settled[j] = 1
-            self.counters.writes += pages
-            self.counters.write_bytes += nbytes
-
-    def _refuse_planned(self, plan: list, exc: OSError, settled: bytearray) -> None:
-        """put()'s check passed but no write may be issued now (the lease's deadline passed, or it
-        was lost): nothing of the batch is written. Its slots go back free with their in-memory
-        entries cleared (an evicted victim's included), so no later flush writes a stale entry."""
-        self._fenced_during_write(len(plan), exc)
-        slots = self._slots
-        with slots.lock:
-            for _i, _key, _parent, slot, _g in plan:
-                slots.set_entry_locked(slot, FREE_ENTRY)
-            slots.release_locked(slot for _i, _key, _parent, slot, _g in plan)
-            settled[:] = b"\x01" * len(plan)
+        self._slots.commit_put(plan, status, sums, lengths, entries)
 
     def _fenced_during_write(self, pages: int, exc: OSError) -> None:
         """The lease's deadline passed (or it was lost) between put()'s check and the writes."""
@@ -376,19 +284,10 @@ class NvmeofPageStore:
 
     def delete(self, keys: Sequence[bytes]) -> int:
         with self._gate.call(self.path):
-            keys = _check_keys(keys)
-            blocks: List[int] = []
-            slots = self._slots
-            with slots.lock:
-                for k in keys:
-                    slots.remove_locked(k, blocks)
-            slots.flush_logged(blocks)
-            return len(blocks)
+            return self._slots.delete(_check_keys(keys))
 
     def clear(self) -> int:
-        with self._slots.lock:
-            keys = list(self._slots.index)
-        return self.delete(keys)
+        return self.delete(self._slots.keys())
 
     # ---------------------------------------------------------------- reads
     def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
@@ -404,106 +303,65 @@ class NvmeofPageStore:
                 bufs.close()
 
     def _get(self, keys: List[bytes], bufs: PageBuffers) -> List[bool]:
-        """One verified batch read; Python does only the index, and names the pages by parallel
-        lists (no object per page for a full GC to walk later)."""
-        lengths = bufs.lengths()
+        """One verified batch read: the slot room plans it (one lock hold) and settles it (one more);
+        pages are named by parallel lists, so a read allocates no object per page for a full GC
+        to walk later."""
         slots = self._slots
-        with slots.lock:
-            found = list(map(slots.index.get, keys))
-            if None in found:  # read only the pages here: `held` indexes them into keys and buffers
-                held: Optional[List[int]] = [i for i, s in enumerate(found) if s is not None]
-                keys, found, asked = [keys[i] for i in held], [found[i] for i in held], [lengths[i] for i in held]
-            else:  # the usual case, every page here: no Python step per page
-                held, asked = None, lengths
-            stored = list(map(_LENGTH_OF, found))
-            if stored != asked:  # every size checked before any page is pinned
-                j = next(j for j, (a, b) in enumerate(zip(asked, stored)) if a != b)
-                raise ValueError(f"get: buffer for page {keys[j].hex()} has {asked[j]} bytes, the stored "
-                                 f"page has {stored[j]}")
-            self.counters.misses += len(lengths) - len(keys)
-            reading = slots.begin_read_locked(keys)  # the last step before the try that ends it
-        status, err = bytes([NOT_RUN]) * len(keys), 0
+        plan = slots.start_read(keys, bufs.lengths())  # the last step before the try that ends it
+        status, err = bytes([NOT_RUN]) * len(plan.keys), 0
         try:
-            if keys:
-                status, err = self._io.read(bufs, keys, found, held)
+            if plan.keys:
+                status, err = self._io.read(bufs, plan.keys, plan.slots, plan.at)
         finally:
-            slots.end_read(reading)
-        ok = [False] * len(lengths)
-        if status.count(ALL_OK) == len(keys):  # the usual case: every page proven
-            if held is None:
-                ok = [True] * len(lengths)
-            else:
-                for i in held:
-                    ok[i] = True
-            with slots.lock:
-                self.counters.reads += len(keys)
-                self.counters.read_bytes += sum(stored)
-            return ok
-        at = range(len(keys)) if held is None else held  # page j of the read is page at[j] of the call
-        bad, good_bytes = [], 0
+            ok, io_failed = slots.finish_read(plan, status)
+        if io_failed:
+            log.error("radixtier: %s: read of %d page(s) failed: %s", self.path, io_failed, os.strerror(err or 5))
+        return ok
+
+    def read_locations(self, locations: Sequence[Union[PageLocation, LocationTuple]], keys: Sequence[bytes],
+                       buffers: Sequence[BufferLike]) -> List[bool]:
+        """Read pages any node wrote in this namespace, by (slot, generation), in one verified batch:
+        ok[i] only for a page whose slot header and checksum prove it. A location in another
+        namespace, outside this one's slots, longer than a page or not the size of its buffer is a
+        miss (the last logged); nothing is freed (the slot may be another node's)."""
+        with self._gate.call(self.path):
+            keys = _check_keys(keys)
+            if not len(locations) == len(buffers) == len(keys):
+                raise ValueError(f"read_locations: {len(locations)} locations, {len(keys)} keys and "
+                                 f"{len(buffers)} buffers")
+            bufs = self._io.buffers(buffers, writable=True)
+            try:
+                lengths = bufs.lengths()
+                at, places = [], []
+                for i, loc in enumerate(locations):
+                    ns, slot, gen, length, csum = loc if isinstance(loc, tuple) else (
+                        loc.namespace, loc.slot, loc.generation, loc.length, loc.checksum)
+                    if ns != self.uuid or not 0 <= slot < self.sb.slot_count or length > self.page_bytes:
+                        continue
+                    if lengths[i] != length:  # a record from another layout, or a bad one
+                        log.warning("radixtier: record for page %s says %d bytes, the buffer has %d; treated as "
+                                    "a miss", keys[i].hex(), length, lengths[i])
+                        continue
+                    at.append(i)
+                    places.append((slot, gen, length, csum))
+                ok = [False] * len(keys)
+                if not at:
+                    return ok
+                status, _err = self._io.read(bufs, [keys[i] for i in at], places, at)
+            finally:
+                bufs.close()
+        self._slots.count_reads(status, [p[2] for p in places])
         for j, st in enumerate(status):
             if st == ALL_OK:
                 ok[at[j]] = True
-                good_bytes += stored[j]
-            elif st != NOT_RUN:  # never read (the ring failed): a plain miss, the page stays
-                bad.append(j)
-        io_failed = sum(1 for st in status if st in IO_FAILED)
-        with slots.lock:
-            self.counters.reads += sum(ok)
-            self.counters.read_bytes += good_bytes
-            if io_failed:
-                self.counters.io_errors += 1
-        if io_failed:
-            log.error("radixtier: %s: read of %d page(s) failed: %s", self.path, io_failed, os.strerror(err or 5))
-        self._drop_unproven([(keys[j], found[j], status[j]) for j in bad])
+            elif st != NOT_RUN:
+                log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
+                            self.path, places[j][0], keys[at[j]].hex(), why(st))
         return ok
 
-    def _drop_unproven(self, failed: List[Tuple[bytes, Slot, int]]) -> None:
-        """Pages a read could not prove: counted, logged, and their slots freed (never read again)."""
-        blocks: List[int] = []
-        slots = self._slots
-        with slots.lock:
-            for key, s, st in failed:
-                self.counters.count_unproven(st)
-                log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
-                            self.path, s[SLOT], key.hex(), why(st))
-                slots.free_unproven_locked(key, s, blocks)
-        if blocks:
-            slots.flush_logged(blocks)
-
-    def read_location(self, location: PageLocation, key: bytes, buffer: BufferLike) -> bool:
-        """Read a page any node wrote in this namespace, by (slot, generation), verified."""
-        with self._gate.call(self.path):
-            if location.namespace != self.uuid or not 0 <= location.slot < self.sb.slot_count:
-                return False
-            if location.length > self.page_bytes:
-                return False
-            key = _check_key(key)
-            bufs = self._io.buffers([buffer], writable=True)
-            try:
-                n = bufs.lengths()[0]
-                if n != location.length:  # a record from another layout, or a bad one
-                    log.warning("radixtier: record for page %s says %d bytes, the buffer has %d; treated as a miss",
-                                key.hex(), location.length, n)
-                    return False
-                status, err = self._io.read(
-                    bufs, [key], [(location.slot, location.generation, location.length, location.checksum)], None)
-            finally:
-                bufs.close()
-        st = status[0]
-        with self._slots.lock:
-            if st == ALL_OK:
-                self.counters.reads += 1
-                self.counters.read_bytes += location.length
-                return True
-            if st in IO_FAILED:
-                self.counters.io_errors += 1
-            if st == NOT_RUN:  # never read (the ring failed): a plain miss
-                return False
-            self.counters.count_unproven(st)
-        log.warning("radixtier: %s slot %d: page %s failed verification (%s); treated as a miss",
-                    self.path, location.slot, key.hex(), why(st))
-        return False
+    def read_location(self, location: Union[PageLocation, LocationTuple], key: bytes, buffer: BufferLike) -> bool:
+        """read_locations for one page (tools and tests; serving paths read a batch)."""
+        return self.read_locations([location], [key], [buffer])[0]
 
     # ---------------------------------------------------------------- closing
     def close(self, timeout: float = 30.0) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.disaggregation.kv_events import EventBatch, ZmqEventPublisher
 
-from radixtier.integrations.sglang import event_sinks
+from radixtier.integrations.sglang.events import sinks as event_sinks
 
 PUBLISHER_NAME = "radixtier"
 

@@ -51,8 +51,8 @@ from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved,
                                                  KVEventBatch, StorageMedium, ZmqEventPublisher)
 from sglang.srt.mem_cache.utils import hash_str_to_int64
 
-from radixtier.integrations.sglang.event_stream import RadixtierEventPublisher
-from radixtier.integrations.sglang.page_tokens import TOKEN_PAGES, PageTokens
+from radixtier.integrations.sglang.events.stream import RadixtierEventPublisher
+from radixtier.integrations.sglang.events.page_tokens import TOKEN_PAGES, PageTokens
 
 log = logging.getLogger("radixtier.sglang")
 

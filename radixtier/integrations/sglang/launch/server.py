@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,8 +25,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import requests
 
-from radixtier.integrations.sglang.plugin import backend_extra_config
+from radixtier.integrations.sglang.launch.plugin import backend_extra_config
 from radixtier.native_dtype import resolve_dtype
+from radixtier.ports import free_port
 
 # SGLang's CPU path (facts: shared/sglang-0.5.23-on-cpu.md): torch attention, no server warm-up
 # (the first request is the warm-up), L1<->L2 copies by the `direct` io backend.
@@ -47,13 +47,6 @@ def stop_servers_on_sigterm() -> None:
 
 class ServerStartError(RuntimeError):
     """The server exited or did not answer /health in time; the message ends with its log's tail."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the kernel's pick; SGLang binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def hicache_args(*, extra_config: Optional[Mapping[str, Any]], backend: str = "dynamic", ratio: float = 2.0,

@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Dict
 
-from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError
 from radixtier.storage.nvmeof.layout import FormatError, Superblock
 from radixtier.storage.nvmeof.namespace import open_namespace
 from radixtier.storage.nvmeof.store import NvmeofPageStore

@@ -16,12 +16,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
 
-from radixtier.integrations.sglang import event_sinks
-from radixtier.integrations.sglang.config import BackendConfig
-from radixtier.integrations.sglang.keys import RankIdentity
+from radixtier.integrations.sglang.events import sinks as event_sinks
+from radixtier.integrations.sglang.backend.config import BackendConfig
+from radixtier.integrations.sglang.backend.keys import RankIdentity
 
 if TYPE_CHECKING:  # pragma: no cover - loaded only when events are on
-    from radixtier.integrations.sglang.kv_events import Tier3Events
+    from radixtier.integrations.sglang.events.kv_events import Tier3Events
 
 log = logging.getLogger("radixtier.sglang")
 
@@ -36,7 +36,7 @@ class EventsLink:
         self._token_wait_s = config.kv_events_token_wait_s
         self.current: Optional["Tier3Events"] = None
         if config.kv_events_endpoint and not (rank.tp_rank or rank.pp_rank or rank.cp_rank):
-            from radixtier.integrations.sglang.kv_events import EventsConfig, Tier3Events
+            from radixtier.integrations.sglang.events.kv_events import EventsConfig, Tier3Events
 
             self.current = Tier3Events.own_stream(
                 EventsConfig(config.kv_events_endpoint, config.kv_events_replay_endpoint, config.kv_events_topic),
@@ -46,7 +46,7 @@ class EventsLink:
         self._cancel = event_sinks.when_offered(self._on_sglang_stream)
 
     def _on_sglang_stream(self, stream: Any) -> None:
-        from radixtier.integrations.sglang.kv_events import Tier3Events
+        from radixtier.integrations.sglang.events.kv_events import Tier3Events
 
         with self._lock:
             if self._closed:

@@ -70,7 +70,7 @@ def register_event_publisher() -> None:
 
 
 def _make_event_publisher(attn_dp_rank: int = 0, **config: Any) -> Any:
-    from radixtier.integrations.sglang.event_stream import RadixtierEventPublisher
+    from radixtier.integrations.sglang.events.stream import RadixtierEventPublisher
 
     return RadixtierEventPublisher(attn_dp_rank, **config)
 
@@ -97,7 +97,7 @@ def after_check_server_args(result: Any, server_args: Any, *_args: Any, **_kwarg
     """SGLang's HookType.AFTER hook on check_server_args (the launching process only; once per launch)."""
     if multiprocessing.parent_process() is not None:
         return result
-    from radixtier.integrations.sglang.config import BackendConfig, ConfigError
+    from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError
 
     try:
         extra = selected_extra_config(server_args)

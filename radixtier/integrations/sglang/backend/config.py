@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit
 
-from radixtier.storage import validate
+from radixtier import validate
 from radixtier.storage.index.identity import default_node_id
 from radixtier.storage.index.redis_index import RedisIndexConfig
 from radixtier.storage.nvmeof.config import StoreConfig

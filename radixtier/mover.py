@@ -1,4 +1,4 @@
-"""TransferEngine: the asynchronous spill/promote engine: page copies between tiers on background workers.
+"""PageMover: the cache's mover -- page copies between tiers (spill, promote, tier-3 I/O) on background workers.
 
 Mechanism only: the cache decides what moves; this module moves bytes and reports per-page
 success through futures. Device copies run on a dedicated CUDA stream per worker when CUDA
@@ -56,7 +56,7 @@ def copy_pages(src: PagePool, src_slots: Sequence[int], dst: PagePool, dst_slots
     stream.synchronize()
 
 
-class TransferEngine:
+class PageMover:
     """Background page movers: device<->host copies and host<->store I/O, each returning a Future."""
 
     def __init__(self, device_pool: PagePool, host_pool: PagePool, store: Optional[PageStore],
@@ -108,8 +108,7 @@ class TransferEngine:
                        host_slots: Sequence[int]) -> Future:
         store = self._need_store()
         return self._submit(self._io, "remote_to_host", None, self.host_pool.page_bytes,
-                            lambda: [store.read_location(loc, key, self.host_pool.page(s))
-                                     for loc, key, s in zip(locations, keys, host_slots)])
+                            lambda: store.read_locations(locations, keys, [self.host_pool.page(s) for s in host_slots]))
 
     def copy_now(self, src: PagePool, src_slots: Sequence[int], dst: PagePool, dst_slots: Sequence[int]) -> None:
         """Synchronous copy for the rare inline spill (no free slot and no clean victim)."""

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from radixtier.integrations.sglang.keys import PoolFormat
+from radixtier.integrations.sglang.backend.keys import PoolFormat
 
 log = logging.getLogger("radixtier.sglang")
 

@@ -136,9 +136,17 @@ class PoolStream:
 
     def _forget(self, node: int) -> List[object]:
         bit = 1 << (node + 1)
+        return self._release(bit, [h for h, mask in self._holders.items() if mask & bit])
+
+    def _release(self, bit: int, hashes: Sequence[int]) -> List[object]:
+        """One node (`bit`) no longer holds `hashes`: the pool's removal of those nobody holds now
+        and the pool had announced (bit 0), as one EXTERNAL BlockRemoved, or nothing."""
         gone = []
-        for h in [h for h, mask in self._holders.items() if mask & bit]:
-            mask = self._holders[h] & ~bit
+        for h in hashes:
+            mask = self._holders.get(h)
+            if mask is None or not mask & bit:
+                continue
+            mask &= ~bit
             if mask >> 1:
                 self._holders[h] = mask
             else:
@@ -155,21 +163,7 @@ class PoolStream:
             if isinstance(event, BlockStored) and event.medium == DISK:
                 out += self._stored(bit, event)
             elif isinstance(event, BlockRemoved) and event.medium == DISK:
-                gone = []
-                for h in event.block_hashes:
-                    mask = self._holders.get(h)
-                    if mask is None or not mask & bit:
-                        continue
-                    mask &= ~bit
-                    if mask >> 1:
-                        self._holders[h] = mask
-                    else:
-                        del self._holders[h]
-                        if mask & 1:
-                            gone.append(h)
-                if gone:
-                    out.append(BlockRemoved(block_hashes=gone, medium=EXTERNAL))
-                    self.counters["blocks_removed"] += len(gone)
+                out += self._release(bit, event.block_hashes)
         return out
 
     def _stored(self, bit: int, event: BlockStored) -> List[object]:

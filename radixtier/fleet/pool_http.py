@@ -18,7 +18,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Tuple
 
-from radixtier.integrations.sglang.pool_stream import PoolStream
+from radixtier.fleet.pool_stream import PoolStream
 
 MAX_BODY = 8 << 20
 MAX_BLOCKS_ASKED = 1 << 16   # a 4M-token prompt in 64-token pages; the view holds the pool's lock while it walks

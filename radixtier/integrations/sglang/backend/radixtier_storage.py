@@ -25,29 +25,27 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolHitPolicy, PoolTransfer, PoolTransferResult)
 
-from radixtier.integrations.sglang.arguments import (ArgumentError, RefusalLog, check_host_indices, host_tensor,
+from radixtier.integrations.sglang.backend.arguments import (ArgumentError, RefusalLog, check_host_indices, host_tensor,
                                                      require_keys)
-from radixtier.integrations.sglang.attach import index_node_id, open_index, open_partition
-from radixtier.integrations.sglang.config import BackendConfig, ConfigError, shown_size
-from radixtier.integrations.sglang.counters import BackendCounters
-from radixtier.integrations.sglang.events_link import EventsLink
-from radixtier.integrations.sglang.host_pools import host_regions, pool_format, pool_slots
-from radixtier.integrations.sglang.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
-from radixtier.storage.api import LocationTuple, PageLocation, PageSegments
+from radixtier.integrations.sglang.backend.attach import index_node_id, open_index, open_partition
+from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError, shown_size
+from radixtier.integrations.sglang.backend.counters import BackendCounters
+from radixtier.integrations.sglang.events.link import EventsLink
+from radixtier.integrations.sglang.backend.host_pools import host_regions, pool_format, pool_slots
+from radixtier.integrations.sglang.backend.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
 from radixtier.prometheus import MetricsReporter
-from radixtier.storage.publisher import Publisher
+from radixtier.storage.api import PageSegments
+from radixtier.storage.client import TierClient
 
 log = logging.getLogger("radixtier.sglang")
 
 V1, FLAT = "v1", "flat"
-_HINTS = 65536  # remote page locations remembered between batch_exists and the read that follows
 
 
 class RadixTierStorage(HiCacheStorage):
@@ -67,16 +65,10 @@ class RadixTierStorage(HiCacheStorage):
         self.registered_pools: Dict[str, Any] = {}
         self._formats: Dict[str, PoolFormat] = {}
         self._open_lock = threading.Lock()
-        self._store = None
+        self._client: Optional[TierClient] = None  # tier 3 and the index, once the store is open
         self._prom: Optional[MetricsReporter] = None  # radixtier: metrics, when SGLang's metrics are on
-        self._index = None
-        self._publisher: Optional[Publisher] = None
         self._events: Optional[EventsLink] = None  # tier-3 KV events (events_link.py), from the store's open
         self._closed = False
-        # remote page locations between batch_exists and the read, as plain tuples of atoms
-        # (namespace, slot, generation, length, checksum): the collector does not track them
-        self._hints: "OrderedDict[bytes, tuple]" = OrderedDict()
-        self._hints_lock = threading.Lock()
         self._stats = BackendCounters()
         self._refusals = RefusalLog()
         self.node_id = index_node_id(self.config.node_id, self.rank.rank_index(), self.rank.is_sole_rank())
@@ -93,35 +85,35 @@ class RadixTierStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host) -> None:
         self.mem_pool_host = mem_pool_host
         self._formats[KV_POOL] = pool_format(KV_POOL, mem_pool_host)
-        if self._store is not None:  # a pool arriving after the store opened is registered too
-            self._register_host_memory(self._store)
+        if self._client is not None:  # a pool arriving after the store opened is registered too
+            self._register_host_memory(self._client.store)
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
         name = str(host_pool_name)
         self.registered_pools[name] = host_pool
         self._formats[name] = pool_format(name, host_pool)
-        if self._store is not None:
-            self._register_host_memory(self._store)
+        if self._client is not None:
+            self._register_host_memory(self._client.store)
 
     def on_host_pools_registered(self) -> None:
         self._ensure_open()  # fail the attach now (bad path, page size, partition), not on the first read
 
     @property
     def store(self):
-        return self._ensure_open()
+        return self._ensure_open().store
 
     @property
     def index(self):
-        self._ensure_open()
-        return self._index
+        return self._ensure_open().index
 
-    def _ensure_open(self):
-        if self._store is not None:
-            return self._store
+    def _ensure_open(self) -> TierClient:
+        client = self._client
+        if client is not None:
+            return client
         with self._open_lock:
             if self._closed:
                 raise RuntimeError("radixtier: backend is closed")
-            if self._store is None:
+            if self._client is None:
                 if not self._formats:
                     raise RuntimeError("radixtier: no host pool registered yet (register_mem_pool_host)")
                 need = self.config.page_bytes or max(f.page_bytes for f in self._formats.values())
@@ -132,22 +124,21 @@ class RadixTierStorage(HiCacheStorage):
                 created = not os.path.exists(self.config.path)
                 store = self._open_partition(need)
                 try:
-                    self._index = open_index(self.config, store, self.node_id)
+                    index = open_index(self.config, store, self.node_id)
                 except BaseException:
                     store.close()
                     if created and os.path.isfile(self.config.path):  # a failed start leaves nothing behind
                         os.unlink(self.config.path)
                     raise
-                self._publisher = Publisher(store, self._index)
                 if self.storage_config.enable_storage_metrics:  # SGLang's --enable-metrics
                     # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
                     self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
                 self._events = EventsLink(self.config, self.rank, self._block_size)
-                self._store = store
                 self._register_host_memory(store)
+                self._client = TierClient(store, index)
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
                          store.partition, len(store), store.capacity_pages, store.io_engine, store.direct)
-        return self._store
+        return self._client
 
     def _block_size(self) -> int:
         return int(getattr(self.mem_pool_host, "page_size", 1) or 1)  # SGLang's pool attribute: tokens a page
@@ -387,87 +378,43 @@ class RadixTierStorage(HiCacheStorage):
                     "\"hicache_storage_pass_prefix_keys\": true in --hicache-storage-backend-extra-config", why)
 
     def _leading_run(self, chain: Chain) -> int:
-        store = self.store
-        local = store.leading_run(chain.keys)
-        remote = self._remote_run(chain, local) if local < len(chain.keys) else []
+        local, remote, lookup_s = self._ensure_open().leading_run(chain.root, chain.keys)
         self._stats.add(exists_calls=1)
-        return local + len(remote)
-
-    def _remote_run(self, chain: Chain, start: int) -> List[LocationTuple]:
-        """Leading pages from `start` that other live nodes hold in our namespace (remembered for the read)."""
-        return self._remote_locations(chain.root, chain.keys[start:])
-
-    def _remote_locations(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[LocationTuple]:
-        """Locations for the leading run of `keys` that other live nodes hold in our namespace."""
-        publisher = self._publisher
-        if publisher is None or not keys:
-            return []
-        t0 = time.perf_counter()
-        out = publisher.remote_locations(root, keys)
         prom = self._prom
-        if prom is not None:
-            prom.observe("index_lookup_seconds", time.perf_counter() - t0)
-            prom.inc("remote_pages_found", len(out))
-        with self._hints_lock:
-            hints = self._hints
-            for key, loc in zip(keys, out):
-                hints[key] = loc
-                hints.move_to_end(key)
-            while len(hints) > _HINTS:
-                hints.popitem(last=False)
-        return out
+        if prom is not None and lookup_s:
+            prom.observe("index_lookup_seconds", lookup_s)
+            prom.inc("remote_pages_found", remote)
+        return local + remote
 
     def _sidecar_have(self, chain: Chain, from_end: bool) -> List[bool]:
         """Per page: held here or, through the index, by another rank/node (replicated sidecars are
-        written by the MLA writer only). One lookup of the locally missing pages, in chain order
-        (exact leading run) or from the end (exact for the longest trailing windows); pages past
-        the first one nobody holds stay False, which can only under-report."""
-        have = self.store.exists(chain.keys)
-        missing = [i for i, h in enumerate(have) if not h]
-        if from_end:
-            missing.reverse()
-        for i, _loc in zip(missing, self._remote_locations(chain.root, [chain.keys[i] for i in missing])):
-            have[i] = True
-        return have
+        written by the MLA writer only); see TierClient.have."""
+        return self._ensure_open().have(chain.root, chain.keys, from_end)
 
     def _read(self, chain: Chain, bufs: List[Any]) -> List[bool]:
-        store = self.store
+        client = self._ensure_open()
         t0 = time.perf_counter()
-        ok = store.get(chain.keys, bufs)
-        local = sum(ok)
-        remote = 0
-        if local < len(ok):
-            first = leading_true(ok)
-            missing = [i for i in range(first, len(ok)) if not ok[i]]
-            with self._hints_lock:
-                hints = {i: self._hints.get(chain.keys[i]) for i in missing}
-            locs = {i: PageLocation(*h) for i, h in hints.items() if h is not None}
-            if len(locs) < len(missing):  # not seen by batch_exists: ask the index now
-                for j, loc in enumerate(self._remote_run(chain, first)):
-                    locs.setdefault(first + j, PageLocation(*loc))
-            for i in missing:
-                loc = locs.get(i)
-                if loc is not None:
-                    ok[i] = store.read_location(loc, chain.keys[i], bufs[i])  # verified by header
-                    remote += ok[i]
-        n_ok = local + remote
-        self._stats.add(pages_local=local, pages_remote=remote, pages_missed=len(ok) - n_ok)
+        res = client.read(chain.root, chain.keys, bufs)
+        n_ok = res.local + res.remote
+        self._stats.add(pages_local=res.local, pages_remote=res.remote, pages_missed=res.missed)
         elapsed = time.perf_counter() - t0
         if n_ok:
             self._stats.record(True, n_ok, n_ok * self._page_nbytes(bufs[0]), elapsed)
         prom = self._prom
         if prom is not None:
+            if res.lookup_s:
+                prom.observe("index_lookup_seconds", res.lookup_s)
             prom.observe("storage_read_seconds", elapsed)
-            prom.inc("remote_pages_read", remote)
-            prom.inc("remote_pages_missed", len(ok) - n_ok)
-            prom.sync_store(store.stats())
-        return ok
+            prom.inc("remote_pages_read", res.remote)
+            prom.inc("remote_pages_missed", res.missed)
+            prom.sync_store(client.stats())
+        return res.ok
 
     def _write(self, pool: str, chain: Chain, bufs: List[Any]) -> List[bool]:
-        store = self.store
+        client = self._ensure_open()
         t0 = time.perf_counter()
-        res = store.put(chain.keys, bufs, parents=chain.parents)
-        evicted = list(res.evicted) + store.take_evicted()
+        out = client.write(chain.root, chain.keys, bufs, chain.parents)
+        res = out.put
         n_ok = sum(res.ok)
         self._stats.add(pages_written=res.written, pages_already_stored=res.already_stored,
                         pages_write_failed=len(res.ok) - n_ok)
@@ -476,16 +423,16 @@ class RadixTierStorage(HiCacheStorage):
             self._stats.record(False, res.written, res.written * self._page_nbytes(bufs[0]), elapsed)
         if res.already_stored:
             self._note_already_stored(res.already_stored)
-        self._publish(chain, res.ok, evicted)
         if self._events is not None:
-            self._events.removed(evicted)
-        prom, publisher = self._prom, self._publisher
+            self._events.removed(out.removed)
+        prom = self._prom
         if prom is not None:
             prom.observe("storage_write_seconds", elapsed)
             prom.inc("backup_already_stored_pages", res.already_stored)
-            prom.sync_store(store.stats())
-            if publisher is not None:
-                prom.sync_index(publisher.health())
+            prom.sync_store(client.stats())
+            health = client.health()
+            if health is not None:
+                prom.sync_index(health)
         return list(res.ok)
 
     def _note_already_stored(self, pages: int) -> None:
@@ -500,10 +447,6 @@ class RadixTierStorage(HiCacheStorage):
                     "could have loaded (a prefetch dropped before its read landed -- "
                     "--hicache-storage-prefetch-policy best_effort -- or a hit under prefetch_threshold); "
                     "counted in radixtier:backup_already_stored_pages_total", pages)
-
-    def _publish(self, chain: Chain, ok: List[bool], evicted: List[bytes]) -> None:
-        if self._publisher is not None:
-            self._publisher.stored(chain.root, chain.keys, ok, evicted)
 
     @staticmethod
     def _page_nbytes(buf) -> int:
@@ -527,20 +470,17 @@ class RadixTierStorage(HiCacheStorage):
     # ---------------------------------------------------------------- housekeeping
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until the index has every record published so far (tests, orderly shutdown)."""
-        return True if self._publisher is None else self._publisher.flush(timeout)
+        client = self._client
+        return True if client is None else client.flush(timeout)
 
     def clear(self) -> bool:
         try:
-            store = self.store
-            keys = [k for k, _p, _l in store.entries()]
-            store.clear()
-            if self._publisher is not None:
-                self._publisher.removed(keys)
+            client = self._ensure_open()
+            keys = client.clear()
             if self._events is not None:
                 self._events.cleared()
-            with self._hints_lock:
-                self._hints.clear()
-            log.info("radixtier: cleared %d pages from %s partition %d", len(keys), self.config.path, store.partition)
+            log.info("radixtier: cleared %d pages from %s partition %d", len(keys), self.config.path,
+                     client.store.partition)
             return True
         except Exception as exc:
             log.error("radixtier: clear failed: %s", exc)
@@ -554,10 +494,12 @@ class RadixTierStorage(HiCacheStorage):
         """Totals since start: pages by source, writes, errors, and the store's own counters."""
         with self._stats.lock:
             totals = dict(self._stats.totals)
-        if self._store is not None:
-            totals["store"] = self._store.stats()
-        if self._publisher is not None:
-            totals["index"] = self._publisher.health()
+        client = self._client
+        if client is not None:
+            totals["store"] = client.stats()
+            health = client.health()
+            if health is not None:
+                totals["index"] = health
         events = None if self._events is None else self._events.stats()
         if events is not None:
             totals["kv_events"] = events
@@ -568,16 +510,14 @@ class RadixTierStorage(HiCacheStorage):
             if self._closed:
                 return
             self._closed = True
-            index, store, events = self._index, self._store, self._events
-            self._index = self._store = self._publisher = self._events = None
+            client, events = self._client, self._events
+            self._client = self._events = None
         try:
             if events is not None:
                 events.close()
-            if index is not None:
-                index.close()
         finally:
-            if store is not None:
-                store.close()
+            if client is not None:
+                client.close()
 
 
 def _prefix(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[List[str]]:
