@@ -338,7 +338,10 @@ class TestTwoNodes:
                 wait_for_backups(a, at_least=whole // 64)
                 a.flush_cache()
                 b.flush_cache()
-                after_flush = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") >= whole and 2 not in q)
+                # A's stream tells the flush (device gone) and its tier 3 (kept) as separate events, B's
+                # the flush: wait until Dynamo has applied all three, not only the first to arrive
+                after_flush = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") >= whole and
+                                               tokens_of(q, 1, "gpu") == 0 and 2 not in q)
                 print("dynamo /query after flush:", after_flush)
                 assert tokens_of(after_flush, 1, "gpu") == 0 and tokens_of(after_flush, 1, "disk") >= whole, after_flush
                 assert tokens_of(after_flush, 2, "longest_matched") == 0, after_flush  # SGLang's own events: forgotten

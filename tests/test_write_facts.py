@@ -5,6 +5,8 @@ twice and announced twice, the repeat counted as an unnamed removal.)"""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -94,7 +96,13 @@ def test_one_sglang_write_that_evicts_n_pages_unpublishes_n_records_and_announce
         n = 8
         assert all(b.batch_set_v1(chain_keys(n, "evicting"), slots(0, n)))  # one write that evicts n pages
         assert len(unpublished) == n and len(set(unpublished)) == n, (len(unpublished), n)
+        # the events thread builds removals from one queued record per write: wait until that
+        # record is taken (the queue empty, the removal counted); the count is then final
+        deadline = time.monotonic() + 10
         events = b.radixtier_stats()["kv_events"]
+        while (events["queued"] or events["blocks_removed"] < n) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            events = b.radixtier_stats()["kv_events"]
         assert events["blocks_removed"] == n and events["removals_unnamed"] == 0, events
         assert all(isinstance(r, PageRecord) and r.location.namespace == b.store.uuid for r in published)
         assert len(published) == capacity + n  # each stored page published once, at the put's location

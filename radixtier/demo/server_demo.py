@@ -52,7 +52,7 @@ LOGPROB_TOL = {"bfloat16": 0.02, "float32": 0.002, "auto": 0.02}
 
 def add_server_demo_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="smaller workloads (about a minute and a half on two "
-                                                           "cores; the default run takes three to four)")
+                                                           "cores; the default run about three minutes)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="where SGLang runs the model (auto: cuda when present); cpu uses radixtier's CPU support layer")
     ap.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
