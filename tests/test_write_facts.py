@@ -180,3 +180,70 @@ def test_the_embedded_cache_unpublishes_a_page_tier_3_dropped(tmp_path):
     finally:
         cache.close()
         store.close()
+
+
+def test_a_put_that_raises_still_names_its_victims_through_take_dropped(tmp_path, monkeypatch):
+    """The victims leave the index when the put is planned; if the write then raises there is no
+    PutResult, so they must reach take_dropped (else never unpublished, never announced)."""
+    s = small_store(tmp_path)
+    try:
+        n = s.capacity_pages
+        assert all(s.put([key(i) for i in range(n)], [page(i) for i in range(n)]).ok)
+
+        def broken(*_a, **_k):
+            raise OSError(5, "injected")
+
+        monkeypatch.setattr(s._io, "write", broken)
+        with pytest.raises(OSError):
+            s.put([key(1000 + i) for i in range(3)], [page(1000 + i) for i in range(3)])
+        monkeypatch.undo()
+        gone = s.take_dropped()
+        assert len(gone) == 3 and not any(s.exists(gone)), gone
+        assert s.num_free == 3 and len(s) == n - 3  # the slots back free, exactly once
+    finally:
+        s.close()
+
+
+def test_a_page_already_stored_and_evicted_by_the_same_put_is_not_reported_stored(tmp_path):
+    """A key the batch finds stored, then gives up as a later key's victim, is neither ok nor
+    published at the slot now being overwritten."""
+    s = small_store(tmp_path)
+    try:
+        n = s.capacity_pages
+        assert all(s.put([key(i) for i in range(n)], [page(i) for i in range(n)]).ok)
+        s.hold([key(0)])  # a faster tier holds it: the first victim
+        res = s.put([key(0), key(5000)], [page(0), page(5000)])
+        assert res.ok == [key(0) not in res.evicted, True], (res.ok, res.evicted)
+        if key(0) in res.evicted:
+            assert res.locations[0] is None and res.already_stored == 0
+        assert res.ok[0] == s.exists([key(0)])[0]
+    finally:
+        s.close()
+
+
+def test_a_dropped_key_written_again_stays_published(tmp_path):
+    """A read drops a corrupt page; SGLang recomputes and backs it up again: after the write the
+    index holds it (the drop's unpublish goes first, and only for pages still gone)."""
+    from radixtier.storage.client import TierClient
+    from radixtier.storage.index.inprocess import InProcessIndex, InProcessRegistry
+
+    s = small_store(tmp_path)
+    registry = InProcessRegistry()
+    client = TierClient(s, InProcessIndex("a", registry))
+    other = InProcessIndex("b", registry)
+    try:
+        client.write(key(1), [key(1), key(2)], [page(1), page(2)], [None, key(1)])
+        loc = s.location(key(2))
+        with open(s.path, "r+b") as f:
+            f.seek(s.sb.slot_offset(loc.slot) + HEADER_BYTES + 100)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 1]))
+        out = [torch.zeros(PAGE // 4, dtype=torch.int32) for _ in range(2)]
+        assert client.read(key(1), [key(1), key(2)], out).ok == [True, False]
+        res = client.write(key(1), [key(2)], [page(2)], [key(1)])  # recomputed and backed up again
+        assert res.put.ok == [True] and key(2) not in res.removed
+        assert client.flush(5)
+        assert len(other.lookup(key(1), [key(1), key(2)])) == 2
+    finally:
+        client.close()

@@ -30,12 +30,14 @@ HINTS = 65536  # remote page locations remembered between a lookup and the read 
 @dataclass
 class ReadResult:
     """A read's outcome: ok per page, and how many pages came from this partition and from other
-    nodes' (the rest missed); lookup_s: time spent asking the index (0 when it was not asked)."""
+    nodes' (the rest missed); lookup_s: time spent asking the index (0 when it was not asked) and
+    found: the remote pages that lookup named."""
 
     ok: List[bool]
     local: int
     remote: int
     lookup_s: float = 0.0
+    found: int = 0
 
     @property
     def missed(self) -> int:
@@ -45,8 +47,9 @@ class ReadResult:
 @dataclass
 class WriteResult:
     """A write's outcome: the store's PutResult (ok, locations, evicted once) and the pages it
-    freed outside the write since the last call (a read found them unproven); both are unpublished
-    and belong in the event stream's removals."""
+    freed outside the write since the last call and no longer holds (a read found them unproven,
+    or a put that raised evicted them); both are unpublished and belong in the event stream's
+    removals."""
 
     put: PutResult
     dropped: List[bytes]
@@ -94,17 +97,23 @@ class TierClient:
         remote = len(self.remote_locations(root, keys[local:]))
         return local, remote, time.perf_counter() - t0
 
-    def have(self, root: Optional[bytes], keys: Sequence[bytes], from_end: bool) -> List[bool]:
-        """Per page: held here or, through the index, by another node. One lookup of the pages not
-        held here, in chain order (an exact leading run) or from the end (exact for the longest
-        trailing windows); pages past the first one nobody holds stay False (only under-reports)."""
+    def have(self, root: Optional[bytes], keys: Sequence[bytes], from_end: bool) -> Tuple[List[bool], int, float]:
+        """(per page: held here or, through the index, by another node; pages the index named;
+        seconds the lookup took -- 0 when every page is here). One lookup of the pages not held
+        here, in chain order (an exact leading run) or from the end (exact for the longest trailing
+        windows); pages past the first one nobody holds stay False (only under-reports)."""
         have = self.store.exists(keys)
         missing = [i for i, h in enumerate(have) if not h]
+        if not missing or self.index is None:
+            return have, 0, 0.0
         if from_end:
             missing.reverse()
-        for i, _loc in zip(missing, self.remote_locations(root, [keys[i] for i in missing])):
+        t0 = time.perf_counter()
+        found = self.remote_locations(root, [keys[i] for i in missing])
+        lookup_s = time.perf_counter() - t0
+        for i, _loc in zip(missing, found):
             have[i] = True
-        return have
+        return have, len(found), lookup_s
 
     # ---------------------------------------------------------------- reads and writes
     def read(self, root: Optional[bytes], keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> ReadResult:
@@ -119,12 +128,13 @@ class TierClient:
         missing = [i for i in range(first, len(ok)) if not ok[i]]
         with self._hints_lock:
             locs = {i: loc for i in missing if (loc := self._hints.get(keys[i])) is not None}
-        lookup_s = 0.0
+        lookup_s, found = 0.0, 0
         if len(locs) < len(missing):  # not seen by a lookup: ask the index now
             t0 = time.perf_counter()
-            for j, loc in enumerate(self.remote_locations(root, keys[first:])):
+            named = self.remote_locations(root, keys[first:])
+            for j, loc in enumerate(named):
                 locs.setdefault(first + j, loc)
-            lookup_s = time.perf_counter() - t0
+            lookup_s, found = time.perf_counter() - t0, len(named)
         at = [i for i in missing if i in locs]
         remote = 0
         if at:
@@ -132,7 +142,7 @@ class TierClient:
             for i, good in zip(at, got):
                 ok[i] = good
                 remote += good
-        return ReadResult(ok, local, remote, lookup_s)
+        return ReadResult(ok, local, remote, lookup_s, found)
 
     def write(self, root: bytes, keys: Sequence[bytes], buffers: Sequence[BufferLike],
               parents: Optional[Sequence[Optional[bytes]]] = None) -> WriteResult:
@@ -142,13 +152,18 @@ class TierClient:
         return WriteResult(res, self.after_put(root, keys, res))
 
     def after_put(self, root: bytes, keys: Sequence[bytes], res: PutResult) -> List[bytes]:
-        """What follows a put (its caller ran it, e.g. on a transfer thread): publish and unpublish
-        from its result, and unpublish what the store dropped outside it since the last call;
-        returns those dropped keys."""
-        self.publisher.stored(root, keys, res)
-        dropped = self.store.take_dropped()
+        """What follows a put (its caller ran it, e.g. on a transfer thread): unpublish what the
+        store dropped outside it since the last call and does not hold again (a dropped page this
+        or an earlier put stored anew keeps its record), then publish and unpublish from the put's
+        result -- in that order, so the index's queue ends with what the store holds. Returns the
+        dropped keys that are gone."""
+        store = self.store
+        dropped = store.take_dropped()
         if dropped:
-            self.publisher.removed(dropped)
+            dropped = [k for k, here in zip(dropped, store.exists(dropped)) if not here]
+            if dropped:
+                self.publisher.removed(dropped)
+        self.publisher.stored(root, keys, res)
         return dropped
 
     def clear(self) -> List[bytes]:

@@ -222,6 +222,12 @@ class SlotTable:
                 g = self._next_gen
                 self._next_gen += len(writes)
                 plan.writes = [(i, key, parent, slot, g + j) for j, (i, key, parent, slot, _g) in enumerate(writes)]
+            if plan.already and plan.evicted:  # found stored, then a later key's victim: not stored after all
+                gone = set(plan.evicted)
+                for i, key in enumerate(keys):
+                    if plan.ok[i] and key in gone:
+                        plan.ok[i], plan.places[i] = False, None
+                        plan.already -= 1
         plan.settled = bytearray(len(plan.writes))
         return plan
 
@@ -301,13 +307,17 @@ class SlotTable:
             plan.settled[:] = b"\x01" * len(plan.writes)
 
     def abandon_put(self, plan: PutPlan) -> None:
-        """After an exception inside a put: the slots not yet settled go back free, exactly once."""
+        """After an exception inside a put: the slots not yet settled go back free, exactly once,
+        and the put's victims (gone since plan_put, and no PutResult will name them) go to
+        take_dropped."""
         with self._lock:
             for j, w in enumerate(plan.writes):
                 if not plan.settled[j]:
                     self._set_entry(w[3], FREE_ENTRY)
                     self._free.append(w[3])
                     plan.settled[j] = 1
+            self._dropped.extend(plan.evicted)
+            plan.evicted = []
 
     # ------------------------------------------------------------------ a read
     def start_read(self, keys: List[bytes], lengths: List[int]) -> ReadPlan:
@@ -433,8 +443,8 @@ class SlotTable:
         return len(blocks)
 
     def take_dropped(self) -> List[bytes]:
-        """Keys freed since the last call outside a put (a read found them unproven); a put's
-        victims are in its own result, never here."""
+        """Keys freed since the last call outside a put's result: pages a read found unproven, and
+        the victims of a put that raised; a put that returns names its victims in its result only."""
         with self._lock:
             out, self._dropped = self._dropped, []
             return out

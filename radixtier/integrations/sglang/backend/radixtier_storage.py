@@ -380,16 +380,22 @@ class RadixTierStorage(HiCacheStorage):
     def _leading_run(self, chain: Chain) -> int:
         local, remote, lookup_s = self._ensure_open().leading_run(chain.root, chain.keys)
         self._stats.add(exists_calls=1)
-        prom = self._prom
-        if prom is not None and lookup_s:
-            prom.observe("index_lookup_seconds", lookup_s)
-            prom.inc("remote_pages_found", remote)
+        self._observe_lookup(lookup_s, remote)
         return local + remote
 
     def _sidecar_have(self, chain: Chain, from_end: bool) -> List[bool]:
         """Per page: held here or, through the index, by another rank/node (replicated sidecars are
         written by the MLA writer only); see TierClient.have."""
-        return self._ensure_open().have(chain.root, chain.keys, from_end)
+        have, found, lookup_s = self._ensure_open().have(chain.root, chain.keys, from_end)
+        self._observe_lookup(lookup_s, found)
+        return have
+
+    def _observe_lookup(self, lookup_s: float, found: int) -> None:
+        """An index lookup's time and the remote pages it named (nothing when none was asked)."""
+        prom = self._prom
+        if prom is not None and lookup_s:
+            prom.observe("index_lookup_seconds", lookup_s)
+            prom.inc("remote_pages_found", found)
 
     def _read(self, chain: Chain, bufs: List[Any]) -> List[bool]:
         client = self._ensure_open()
@@ -401,9 +407,8 @@ class RadixTierStorage(HiCacheStorage):
         if n_ok:
             self._stats.record(True, n_ok, n_ok * self._page_nbytes(bufs[0]), elapsed)
         prom = self._prom
+        self._observe_lookup(res.lookup_s, res.found)
         if prom is not None:
-            if res.lookup_s:
-                prom.observe("index_lookup_seconds", res.lookup_s)
             prom.observe("storage_read_seconds", elapsed)
             prom.inc("remote_pages_read", res.remote)
             prom.inc("remote_pages_missed", res.missed)
