@@ -25,13 +25,7 @@ def learn_storage_evictions(s: CacheState) -> None:
     """Apply what tier 3 dropped on its own since the last look (pages a read found corrupt) before
     planning reads from it, so a plan rarely names a page already gone. A put's evictions arrive
     with its result (outcomes.py), once."""
-    store = s.store
-    if store is None:
+    if s.publisher is None:  # no store
         return
-    gone = store.take_dropped()
-    if gone:
-        gone = [key for key, present in zip(gone, store.exists(gone)) if not present]
-        for key in gone:
-            s.tree.storage_evicted(key)
-        if gone and s.publisher is not None:  # and the index, so no node is sent to them again
-            s.publisher.removed(gone)
+    for key in s.publisher.withdraw_dropped():  # gone from the index too: no node is sent to them again
+        s.tree.storage_evicted(key)

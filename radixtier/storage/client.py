@@ -87,15 +87,20 @@ class TierClient:
                 hints.popitem(last=False)
         return out
 
+    def _timed_lookup(self, root: Optional[bytes], keys: Sequence[bytes]) -> Tuple[List[LocationTuple], float]:
+        """remote_locations, and the seconds it took (for the caller's lookup metrics)."""
+        t0 = time.perf_counter()
+        out = self.remote_locations(root, keys)
+        return out, time.perf_counter() - t0
+
     def leading_run(self, root: Optional[bytes], keys: Sequence[bytes]) -> Tuple[int, int, float]:
         """(pages held here from the first, pages after them that other live nodes hold, seconds
         the index lookup took -- 0 when the local run covered every key)."""
         local = self.store.leading_run(keys)
         if local == len(keys) or self.index is None:
             return local, 0, 0.0
-        t0 = time.perf_counter()
-        remote = len(self.remote_locations(root, keys[local:]))
-        return local, remote, time.perf_counter() - t0
+        found, lookup_s = self._timed_lookup(root, keys[local:])
+        return local, len(found), lookup_s
 
     def have(self, root: Optional[bytes], keys: Sequence[bytes], from_end: bool) -> Tuple[List[bool], int, float]:
         """(per page: held here or, through the index, by another node; pages the index named;
@@ -108,9 +113,7 @@ class TierClient:
             return have, 0, 0.0
         if from_end:
             missing.reverse()
-        t0 = time.perf_counter()
-        found = self.remote_locations(root, [keys[i] for i in missing])
-        lookup_s = time.perf_counter() - t0
+        found, lookup_s = self._timed_lookup(root, [keys[i] for i in missing])
         for i, _loc in zip(missing, found):
             have[i] = True
         return have, len(found), lookup_s
@@ -130,11 +133,10 @@ class TierClient:
             locs = {i: loc for i in missing if (loc := self._hints.get(keys[i])) is not None}
         lookup_s, found = 0.0, 0
         if len(locs) < len(missing):  # not seen by a lookup: ask the index now
-            t0 = time.perf_counter()
-            named = self.remote_locations(root, keys[first:])
+            named, lookup_s = self._timed_lookup(root, keys[first:])
             for j, loc in enumerate(named):
                 locs.setdefault(first + j, loc)
-            lookup_s, found = time.perf_counter() - t0, len(named)
+            found = len(named)
         at = [i for i in missing if i in locs]
         remote = 0
         if at:
@@ -157,12 +159,7 @@ class TierClient:
         or an earlier put stored anew keeps its record), then publish and unpublish from the put's
         result -- in that order, so the index's queue ends with what the store holds. Returns the
         dropped keys that are gone."""
-        store = self.store
-        dropped = store.take_dropped()
-        if dropped:
-            dropped = [k for k, here in zip(dropped, store.exists(dropped)) if not here]
-            if dropped:
-                self.publisher.removed(dropped)
+        dropped = self.publisher.withdraw_dropped()
         self.publisher.stored(root, keys, res)
         return dropped
 

@@ -88,6 +88,19 @@ class Publisher:
         except Exception as exc:
             log.warning("radixtier: prefix index unpublish failed: %s", exc)
 
+    def withdraw_dropped(self) -> List[bytes]:
+        """What the store dropped outside a put's result since the last call (pages a read found
+        unproven, a raising put's victims) and does not hold again -- a page stored anew since keeps
+        its record -- unpublished here; returns those keys for the caller's own bookkeeping (the
+        embedded tree, the KV-event stream). Store calls take only the store's own locks."""
+        store = self.store
+        dropped = store.take_dropped()
+        if not dropped:
+            return []
+        gone = [key for key, here in zip(dropped, store.exists(dropped)) if not here]
+        self.removed(gone)
+        return gone
+
     def remote_run(self, root: Optional[bytes], keys: Sequence[bytes]) -> List[PageRecord]:
         """Records for the leading run of `keys` (one chain under `root`; None when the caller does
         not know where the chain starts) that other live nodes hold in this store's namespace; []
