@@ -541,3 +541,36 @@ def test_every_hashed_page_is_found_at_its_index_after_splits(ns4, store):
         for i, key in enumerate(tree.page_keys(node)):
             assert tree.node_of_key(key) == (node, i)
     cache.close()
+
+
+class GatedStore(FlakyStore):
+    """Wraps a real store; each get waits at a gate after it was issued (a read still queued)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.issued, self.gate = threading.Event(), threading.Event()
+
+    def get(self, keys, buffers):
+        self.issued.set()
+        assert self.gate.wait(10)
+        return self.inner.get(keys, buffers)
+
+
+def test_page_tier3_evicts_before_its_read_is_a_miss_not_a_failure(ns4, store):
+    tokens = list(range(16))  # 4 pages, one promotion chunk
+    keys = PageHasher(ns4).chain(tokens)
+    _stored_only(ns4, store, tokens)
+    gated = GatedStore(store)
+    c = make_cache(ns4, gated, promote_chunk_pages=4)
+    h = c.prefetch(tokens)  # planned from what tier 3 holds; the read waits at the gate
+    assert gated.issued.wait(10)
+    assert store.delete(keys[2:]) == 2  # tier 3 lets pages 2, 3 go meanwhile (as a put's eviction does)
+    gated.gate.set()
+    r = h.load("wait_complete")
+    assert r.num_pages == 2  # the pages still held are served; the rest is a plain miss
+    check_prefix(c, ns4, tokens, r)
+    h.release()
+    assert c.flush(timeout=10)
+    assert not c.stats()["failures"], c.stats()["failures"]  # nothing failed: tier 3 evicted them
+    assert c.tree.pages_in(Tier.HOST) == 2 and c.host_pool.num_used == 2
+    c.close()

@@ -88,8 +88,14 @@ class Outcomes:
         keys, slots, source, ok = op.keys, op.slots, op.source, ack.ok
         good = next((i for i, v in enumerate(ok) if not v), len(keys))  # pages after a miss are no prefix
         # a miss on a page that meanwhile reached host another way (tier 3 may evict the pages a
-        # faster tier holds first) lost nothing; only the others are failed transfers
-        lost = sum(1 for k in keys[good:] if (hit := s.tree.node_of_key(k)) is None or hit[0].host is None)
+        # faster tier holds first) lost nothing; nor is a miss on a page tier 3 no longer holds a
+        # failed transfer: a put evicted it between the plan and the read (a plan trusts claims and
+        # leading_run, and a put's victims reach the tree only when its result is applied), which
+        # is an eviction, counted as one; a page freed for failing proof the store counts itself
+        # (corrupt, io_errors). Only a page the store still holds and did not deliver is a failure.
+        lost = 0
+        if good < len(keys) and (source != Tier.STORAGE or s.store.exists([keys[good]])[0]):
+            lost = sum(1 for k in keys[good:] if (hit := s.tree.node_of_key(k)) is None or hit[0].host is None)
         if lost:
             s.stats.record_failure(f"{source.label}_to_host", lost)
         used: Set[int] = set()
