@@ -31,6 +31,14 @@ Dynamo knew of in device/host vs in any tier at routing time. JSON, Markdown and
 With fewer system prompts than the fleet's device+host tiers hold, every prompt's system part stays
 warm on some node, the device-only router finds it there, and the two fleets route alike: tier 3
 helps the router once prefixes leave device and host (many agent types, long histories).
+
+**Restart phase** (`--restart-at 0.5`, 0 to skip): two more fleets, both with tier-3 events, in
+which node 0 restarts after that share of the requests -- its device and host come back empty, its
+tier 3 intact, and the router forgets it (Dynamo is told AllBlocksCleared, as for a worker it lost).
+They differ only in what the restarted node says: "re-announced" announces what its tier 3 holds
+(radixtier's Tier3Events with `holdings`, the code the backend runs at open), "not re-announced"
+does not (radixtier before it). Reported: requests after the restart, how many went to node 0,
+prompt tokens it served from tier 3, and prompt tokens recomputed after the restart.
 """
 
 from __future__ import annotations
@@ -116,6 +124,7 @@ class Served:
     known_fast: int = 0         # a node Dynamo knew to hold part of it in device/host
     known_any: int = 0          # ... in any tier Dynamo was told of
     per_node: Dict[int, int] = field(default_factory=dict)
+    after_restart: Dict[str, int] = field(default_factory=dict)
 
 
 class SimNode:
@@ -129,6 +138,7 @@ class SimNode:
 
         self.worker_id = worker_id
         self.fast, self.tier3 = LruPages(fast_pages), LruPages(tier3_pages)
+        self.parent_of: Dict[str, Optional[int]] = {}  # page key -> its parent's block hash
         if tier3_events:
             self.stream = RadixtierEventPublisher(0, endpoint=endpoint)
             self.events: Optional[Tier3Events] = Tier3Events.joined_to(self.stream, PAGE)
@@ -154,6 +164,8 @@ class SimNode:
         events += stored_runs(pages, {p.key for p in new}, "GPU")
         if events:
             self.stream.publish(KVEventBatch(ts=time.time(), events=events))
+        for i, p in enumerate(pages):
+            self.parent_of.setdefault(p.key, pages[i - 1].block if i else None)
         new3, evicted3 = self.tier3.touch(pages)  # written through
         if self.events is not None:
             if evicted3:
@@ -186,6 +198,27 @@ class SimNode:
                 raise RuntimeError(f"Dynamo's indexer never applied worker {self.worker_id}'s events")
             events = [e for e in events if isinstance(e, BlockStored)]
 
+    def restart(self, reannounce: bool) -> None:
+        """The node restarts: device and host come back empty, tier 3 intact; the router forgets it
+        (AllBlocksCleared); then its tier-3 events start again, announcing what tier 3 holds or not."""
+        from sglang.srt.disaggregation.kv_events import AllBlocksCleared, KVEventBatch
+
+        from radixtier.integrations.sglang.events.kv_events import Tier3Events, parents_first
+
+        self.fast = LruPages(self.fast.capacity)
+        if self.events is not None:
+            self.events.close()
+        self.stream.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()]))
+        held = {p.block: p for p in self.tier3.pages.values()}
+        order = parents_first([(p.block, self.parent_of.get(p.key)) for p in self.tier3.pages.values()])
+
+        def holdings():
+            pages = [(held[h].key.encode(), h, parent, list(held[h].tokens)) for h, parent in order]
+            for i in range(0, len(pages), 256):
+                yield pages[i:i + 256]
+        self.events = Tier3Events.joined_to(self.stream, PAGE, holdings=holdings if reannounce else None,
+                                            announce_after_s=0.0)
+
     def close(self) -> None:
         if self.events is not None:
             self.events.close()
@@ -216,10 +249,15 @@ def stored_runs(pages: List[Page], fresh: set, medium: str) -> List[object]:
                         block_size=PAGE, lora_id=None, medium=medium) for run, parent in runs(pages, fresh)]
 
 
-def replay(prompts: List[List[int]], nodes: List[SimNode], indexer, progress) -> Served:
+def replay(prompts: List[List[int]], nodes: List[SimNode], indexer, progress, restart_at: Optional[int] = None,
+           reannounce: bool = False) -> Served:
     out = Served(per_node={n.worker_id: 0 for n in nodes})
     ids = [n.worker_id for n in nodes]
+    after = {"requests": 0, "to_restarted": 0, "restarted_tier3_tokens": 0, "tokens_computed": 0}
     for seq, tokens in enumerate(prompts):
+        if seq == restart_at:
+            nodes[0].restart(reannounce)
+            nodes[0].sync(indexer, -1 - seq)
         pages = chain(tokens)
         answer = indexer.query([t for p in pages for t in p.tokens])
         held = {w: answer.get(w, {}).get("longest_matched", 0) for w in ids}
@@ -237,7 +275,13 @@ def replay(prompts: List[List[int]], nodes: List[SimNode], indexer, progress) ->
         out.computed += len(tokens) - (fast + tier3) * PAGE
         out.requests += 1
         out.per_node[choice] += 1
+        if restart_at is not None and seq >= restart_at:
+            after["requests"] += 1
+            after["to_restarted"] += node is nodes[0]
+            after["restarted_tier3_tokens"] += tier3 * PAGE if node is nodes[0] else 0
+            after["tokens_computed"] += len(tokens) - (fast + tier3) * PAGE
         progress.update(1)
+    out.after_restart = after if restart_at is not None else {}
     return out
 
 
@@ -250,6 +294,9 @@ def run(args) -> Dict[str, object]:
     prompts = agent_fleet(args.agent_types, args.agents_per_type, args.steps, args.system_pages, args.step_pages,
                           args.seed)
     fleets = {"tier 3 seen": True, "device only": False}
+    restart_at = int(len(prompts) * args.restart_at) if args.restart_at > 0 else None
+    if restart_at is not None:
+        fleets.update({"restart, re-announced": True, "restart, not re-announced": True})
     ports = {(f, i): free_port() for f in fleets for i in range(args.nodes)}
     wid = {(f, i): (k + 1) * 100 + i for k, f in enumerate(fleets) for i in range(args.nodes)}
     results: Dict[str, object] = {}
@@ -260,7 +307,9 @@ def run(args) -> Dict[str, object]:
         try:
             with tqdm(total=len(prompts) * len(fleets), desc="router replay", unit="req") as progress:
                 for fleet in fleets:
-                    served = replay(prompts, nodes[fleet], indexer, progress)
+                    restarts = fleet.startswith("restart")
+                    served = replay(prompts, nodes[fleet], indexer, progress, restart_at if restarts else None,
+                                    reannounce=fleet == "restart, re-announced")
                     total = served.fast + served.tier3 + served.computed
                     results[fleet] = {
                         "requests": served.requests, "to_prefix_holder": served.to_holder,
@@ -268,15 +317,20 @@ def run(args) -> Dict[str, object]:
                         "tokens_device_host": served.fast, "tokens_tier3": served.tier3,
                         "tokens_computed": served.computed, "prompt_tokens": total,
                         "reuse_share": (served.fast + served.tier3) / total if total else 0.0,
-                        "requests_per_node": served.per_node}
+                        "requests_per_node": served.per_node, "after_restart": served.after_restart}
         finally:
             indexer.stop()
             for fleet_nodes in nodes.values():
                 for n in fleet_nodes:
                     n.close()
     seen, blind = results["tier 3 seen"], results["device only"]
-    return {"config": vars(args), "prompts": len(prompts), "fleets": results,
-            "computed_ratio": blind["tokens_computed"] / max(1, seen["tokens_computed"])}
+    report = {"config": vars(args), "prompts": len(prompts), "fleets": results,
+              "computed_ratio": blind["tokens_computed"] / max(1, seen["tokens_computed"])}
+    if restart_at is not None:
+        report["restart_at"] = restart_at
+        report["restart_computed_ratio"] = (results["restart, not re-announced"]["after_restart"]["tokens_computed"]
+                                            / max(1, results["restart, re-announced"]["after_restart"]["tokens_computed"]))
+    return report
 
 
 def markdown(report: Dict[str, object]) -> str:
@@ -290,12 +344,25 @@ def markdown(report: Dict[str, object]) -> str:
              "in any tier | prompt tokens from device/host | from tier 3 | recomputed | reuse |",
              "|---|---|---|---|---|---|---|---|"]
     for fleet, r in report["fleets"].items():
+        if fleet.startswith("restart"):
+            continue
         n = r["requests"]
         lines.append(f"| {fleet} | {r['to_prefix_holder']}/{n} | {r['known_holder_device_host']}/{n} | "
                      f"{r['known_holder_any_tier']}/{n} | {r['tokens_device_host']:,} | {r['tokens_tier3']:,} | "
                      f"{r['tokens_computed']:,} | {r['reuse_share']:.0%} |")
     lines += ["", f"Prefill tokens recomputed, device-only router / tier-3-aware router: "
                   f"{report['computed_ratio']:.2f}x"]
+    if "restart_at" in report:
+        lines += ["", f"Node 0 restarts after request {report['restart_at']} (device and host empty, tier 3 kept; "
+                      f"the router forgets it); both fleets publish tier-3 events:", "",
+                  "| restarted node | requests after the restart | sent to it | its prompt tokens from tier 3 | "
+                  "prompt tokens recomputed after the restart |", "|---|---|---|---|---|"]
+        for fleet in ("restart, re-announced", "restart, not re-announced"):
+            a = report["fleets"][fleet]["after_restart"]
+            lines.append(f"| {fleet.split(', ', 1)[1]} | {a['requests']} | {a['to_restarted']} | "
+                         f"{a['restarted_tier3_tokens']:,} | {a['tokens_computed']:,} |")
+        lines += ["", f"Prefill tokens recomputed after the restart, not re-announced / re-announced: "
+                      f"{report['restart_computed_ratio']:.2f}x"]
     return "\n".join(lines) + "\n"
 
 
@@ -336,12 +403,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--fast-pages", type=int, default=192, help="device+host pages a node holds (default 192)")
     ap.add_argument("--tier3-pages", type=int, default=4096, help="tier-3 pages a node holds (default 4096)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--restart-at", type=float, default=0.5,
+                    help="share of the requests after which node 0 restarts, in two more fleets (0: no restart phase)")
     ap.add_argument("--out", default="bench/results/router_gain.json", help="JSON; Markdown and PNG beside it")
     args = ap.parse_args(argv)
     for name in ("nodes", "agent_types", "agents_per_type", "steps", "system_pages", "step_pages", "fast_pages",
                  "tier3_pages"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected a positive whole number, got {getattr(args, name)}")
+    if not 0 <= args.restart_at < 1:  # also refuses nan
+        ap.error(f"--restart-at: expected a share of the requests in [0, 1), got {args.restart_at}")
     report = run(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

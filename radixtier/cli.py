@@ -43,7 +43,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     print(f"{rep['path']}: radixtier namespace v{rep['version']} uuid {rep['uuid']}")
     print(f"  page bytes {rep['page_bytes']}, slot bytes {rep['slot_bytes']}, {rep['slots']} slots, "
           f"{rep['used']} used ({100 * rep['used'] / max(1, rep['slots']):.1f}%)")
-    print(f"  {'partition':>9s} {'slots':>8s} {'used':>8s}  owner (state)")
+    print(f"  {'partition':>9s} {'slots':>8s} {'used':>8s} {'tagged':>8s}  owner (state)")
     for p in rep["partitions"]:
         if p["clean"] is None:
             state = "never opened"
@@ -54,7 +54,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         else:
             state = "lease expired: its holder stopped without closing"
         who = f"{p['owner']} on {p['host']} pid {p['pid']}" if p["owner"] else "-"
-        print(f"  {p['partition']:9d} {p['slots']:8d} {p['used']:8d}  {who} ({state})")
+        print(f"  {p['partition']:9d} {p['slots']:8d} {p['used']:8d} {p['tagged']:8d}  {who} ({state})")
     if rep["verified"]:
         print(f"  errors: {len(rep['errors'])}")
         for e in rep["errors"][:20]:
@@ -217,8 +217,19 @@ def _cmd_pool_events(a: argparse.Namespace) -> int:
 
     if not 0.1 <= a.report_s <= 86400:  # also refuses nan
         raise ValueError(f"--report-s: expected 0.1..86400 seconds, got {a.report_s}")
-    for name, value in [("--source", s) for s in a.source] + [("--endpoint", a.endpoint),
-                                                              ("--replay-endpoint", a.replay_endpoint)]:
+    partitions, sources = [], []
+    for value in a.source:  # PARTITION=ENDPOINT or ENDPOINT
+        head, sep, rest = value.partition("=")
+        if sep and head.isdigit() and len(head) <= 3:
+            partitions.append(int(head))
+            sources.append(rest)
+        else:
+            partitions.append(None)
+            sources.append(value)
+    if any(p is not None for p in partitions) and a.namespace is None:
+        raise ValueError("--source: PARTITION=ENDPOINT needs --namespace (the namespace those partitions are of)")
+    for name, value in [("--source", s) for s in sources] + [("--endpoint", a.endpoint),
+                                                             ("--replay-endpoint", a.replay_endpoint)]:
         if value is not None and ("://" not in value or value.split("://", 1)[0] not in ZMQ_TRANSPORTS):
             raise ValueError(f"{name}: expected a ZMQ endpoint such as tcp://host:5557, got {value[:200]!r}")
     from radixtier.fleet.pool_http import parse_listen, serve
@@ -226,7 +237,8 @@ def _cmd_pool_events(a: argparse.Namespace) -> int:
 
     if a.http is not None:
         parse_listen(a.http)
-    pool = PoolStream(a.source, a.endpoint, a.replay_endpoint, topic=a.topic, source_topic=a.source_topic)
+    pool = PoolStream(sources, a.endpoint, a.replay_endpoint, topic=a.topic, source_topic=a.source_topic,
+                      namespace=a.namespace, partitions=partitions)
     http = None
     try:
         http = serve(pool, a.http) if a.http is not None else None
@@ -235,7 +247,9 @@ def _cmd_pool_events(a: argparse.Namespace) -> int:
         raise
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"radixtier pool-events: {len(a.source)} node stream(s) -> {a.endpoint} (medium EXTERNAL)"
+    st = pool.stats()
+    print(f"radixtier pool-events: {len(sources)} node stream(s) -> {a.endpoint} (medium EXTERNAL)"
+          + (f"; read {st['read_from_namespace']:,} page(s) from {a.namespace}" if a.namespace else "")
           + (f"; POST http://{a.http}/fleet_view" if a.http else "") + "; Ctrl-C stops", flush=True)
     try:
         while not stop.wait(a.report_s):
@@ -335,10 +349,15 @@ def build_parser(command: Optional[str] = None, embedded: bool = False) -> argpa
                                     "announces a page, BlockRemoved when the last one removes it. Register the "
                                     "stream with the router as one more source: a match on it means any node "
                                     "attached to the namespace can load that prefix from tier 3.",
-                        epilog="example: radixtier pool-events --source tcp://node-a:5557 --source "
-                               "tcp://node-b:5557 --endpoint 'tcp://*:5600'")
-    pe.add_argument("--source", action="append", required=True, metavar="ENDPOINT",
-                    help="a node's KV-event endpoint (repeat for every node)")
+                        epilog="example: radixtier pool-events --namespace /dev/nvme1n1 --source 0=tcp://node-a:5557 "
+                               "--source 1=tcp://node-b:5557 --endpoint 'tcp://*:5600'")
+    pe.add_argument("--source", action="append", required=True, metavar="[PARTITION=]ENDPOINT",
+                    help="a node's KV-event endpoint (repeat for every node); with PARTITION= (the partition "
+                         "the node writes) and --namespace, what that partition already holds is read at start "
+                         "and again when the node restarts")
+    pe.add_argument("--namespace", default=None, metavar="PATH",
+                    help="the shared namespace (block device or file), read-only: the pool starts from what "
+                         "the partitions named in --source hold, not only from what is announced while it runs")
     pe.add_argument("--endpoint", required=True, help="where to publish the pool's stream, e.g. tcp://*:5600")
     pe.add_argument("--replay-endpoint", default=None, help="optional ZMQ ROUTER endpoint for missed batches")
     pe.add_argument("--topic", default="", help="topic of the pool's stream (default: none)")

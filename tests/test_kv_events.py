@@ -13,8 +13,6 @@ from radixtier.testing.skips import require_sglang
 
 require_sglang("sglang.srt.disaggregation.kv_events")
 
-import msgspec  # noqa: E402
-import zmq  # noqa: E402
 from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,  # noqa: E402
                                                  KVEventBatch, ZmqEventPublisher)
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo  # noqa: E402
@@ -22,39 +20,8 @@ from sglang.srt.mem_cache.utils import hash_str_to_int64  # noqa: E402
 
 from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError  # noqa: E402
 from radixtier.integrations.sglang.events.kv_events import EventsConfig, Tier3Events  # noqa: E402
+from radixtier.testing.kv_replay import events_of, replayed  # noqa: E402
 from radixtier.testing.sglang_pools import attach, chain_keys, make_host_pool, slots  # noqa: E402
-
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-
-
-def replayed(replay_endpoint: str, want: int, timeout: float = 10.0) -> list:
-    """Every batch the publisher sent, asked from its replay socket (no PUB/SUB join race), as
-    SGLang's msgspec types; waits until `want` batches were published."""
-    ctx = zmq.Context.instance()
-    decoder = msgspec.msgpack.Decoder(KVEventBatch)
-    deadline = time.monotonic() + timeout
-    while True:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(replay_endpoint)
-        sock.send_multipart([b"", (0).to_bytes(8, "big")])
-        batches = []
-        try:
-            while sock.poll(2000):
-                _empty, _topic, seq, payload = sock.recv_multipart()
-                if seq == END_SEQ:
-                    break
-                batches.append(decoder.decode(payload))
-        finally:
-            sock.close()
-        if len(batches) >= want or time.monotonic() > deadline:
-            return batches
-        time.sleep(0.05)
-
-
-def events_of(batches: list) -> list:
-    return [e for b in batches for e in b.events]
-
 
 @pytest.fixture
 def endpoints(tmp_path):
@@ -277,3 +244,85 @@ def test_closing_takes_no_time_and_removes_what_was_announced(endpoints, sglang_
     assert [type(e).__name__ for e in got] == ["BlockStored", "BlockRemoved"]
     ev.stored(keys, None, [b"\x03" * 16] * 2, [True, True])  # after close: ignored, never blocks
     assert ev.stats()["queued"] == 0
+
+
+def test_a_restarted_backend_announces_what_tier3_holds_before_any_request(tmp_path, endpoints, sglang_stream):
+    """Pages written with their tags (SGLang's hashes, parent, tokens) are announced by the next
+    backend opening the namespace, parents first, before it serves anything; a page whose tokens
+    were unknown when written is announced with the tokens SGLang teaches later, or counted."""
+    _pub, replay = endpoints
+    extra = {"path": str(tmp_path / "ns.img"), "capacity": "64MiB", "node_id": "node-a", "kv_events_token_wait_s": 60}
+    keys = chain_keys(5, "r")
+    h = [hash_str_to_int64(k) for k in keys]
+    b = attach(make_host_pool("page_first"), extra)
+    stream = sglang_stream()
+    try:
+        stream.publish(gpu_stored(h[:4], None, [0, 1, 2, 3]))
+        replayed(replay, 1)
+        assert b.batch_set_v1(keys, slots(0, 5), HiCacheStorageExtraInfo(prefix_keys=[])) == [True] * 5
+        stream.publish(gpu_stored(h[4:], h[3], [4]))
+        assert b._events.current.flush(10)
+    finally:
+        b.close()  # a joined stream removes what it announced: the router forgets this worker
+        stream.shutdown()
+    before = len(replayed(replay, 0, timeout=0))
+    b = attach(make_host_pool("page_first"), extra)  # restarted on the same namespace
+    stream = sglang_stream()
+    try:
+        assert b._events.current is not None
+        assert b._events.current.flush(10)
+        got = events_of(replayed(replay, before + 1))
+        disk = [(e.block_hashes, e.parent_block_hash, e.token_ids) for e in got
+                if isinstance(e, BlockStored) and e.medium == "DISK"]
+        assert disk == [(h[:4], None, [t for p in range(4) for t in page_tokens(p)]), ([h[4]], h[3], [])]
+        stats = b.radixtier_stats()["kv_events"]
+        assert (stats["held_announced"], stats["stored_without_tokens"], stats["held_announcements"]) == (5, 1, 1)
+    finally:
+        b.close()
+
+
+def test_a_page_removed_while_holdings_are_announced_is_never_announced(endpoints):
+    """The announcing thread reads tier 3 while transfers go on: an eviction that lands between
+    reading a page and announcing it wins; a backend clear() stops the announcement."""
+    pub, replay = endpoints
+    go = threading.Event()
+    sks = [bytes([i + 1]) * 16 for i in range(4)]
+
+    def holdings():
+        yield [(sks[0], 10, None, [1, 2]), (sks[1], 11, 10, [3, 4])]
+        go.wait(10)
+        yield [(sks[2], 12, 11, [5, 6]), (sks[3], 13, None, [7, 8])]
+
+    ev = Tier3Events.own_stream(EventsConfig(pub, replay, "rt"), block_size=2, holdings=holdings)
+    try:
+        replayed(replay, 1)
+        ev.removed([sks[2]])  # evicted after the store named it, before the events thread announced it
+        go.set()
+        assert ev.flush(10)
+        got = [(type(e).__name__, e.block_hashes) for e in events_of(replayed(replay, 2))]
+        assert got == [("BlockStored", [10, 11]), ("BlockStored", [13])]
+        assert ev.stats()["held_announced"] == 3
+    finally:
+        ev.close()
+
+
+def test_an_idle_stream_beats_so_a_late_subscriber_sees_its_gap_and_a_bad_period_is_refused(endpoints):
+    """Nothing to say for heartbeat_s: one empty batch (a router that subscribed late sees the
+    sequence gap and asks the replay socket for the rest); none while batches flow, none when off."""
+    pub, replay = endpoints
+    beats = []
+    ev = Tier3Events(lambda batch: beats.append(batch), block_size=4, joined=False, heartbeat_s=0.2)
+    quiet = Tier3Events(lambda batch: beats.append(("quiet", batch)), block_size=4, joined=False, heartbeat_s=0)
+    try:
+        time.sleep(0.7)
+        assert 2 <= len([b for b in beats if not isinstance(b, tuple)]) <= 4
+        assert all(b.events == [] for b in beats if not isinstance(b, tuple))
+        assert not any(isinstance(b, tuple) for b in beats)
+        assert ev.stats()["heartbeats"] >= 2 and ev.stats()["batches"] == 0
+    finally:
+        ev.close()
+        quiet.close()
+    for bad in (-1, "soon", float("nan"), 0.01):
+        with pytest.raises(ConfigError, match=r"^kv_events_heartbeat_s: expected"):
+            BackendConfig.from_extra_config({"path": "/tmp/x.img", "kv_events_heartbeat_s": bad})
+    assert BackendConfig.from_extra_config({"path": "/tmp/x.img", "kv_events_heartbeat_s": 0}).kv_events_heartbeat_s == 0

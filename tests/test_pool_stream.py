@@ -18,7 +18,7 @@ from sglang.srt.disaggregation.kv_events import (AllBlocksCleared, BlockRemoved,
                                                  EventPublisherFactory, KVEventBatch)
 from sglang.srt.mem_cache.utils import hash_str_to_int64  # noqa: E402
 
-from radixtier.integrations.sglang.events.kv_events import Tier3Events  # noqa: E402
+from radixtier.integrations.sglang.events.kv_events import EventsConfig, Tier3Events  # noqa: E402
 from radixtier.integrations.sglang.launch.plugin import register_event_publisher  # noqa: E402
 from radixtier.fleet.pool_stream import PoolStream  # noqa: E402
 from radixtier.testing.redis_server import free_port  # noqa: E402
@@ -75,9 +75,24 @@ def test_a_node_that_restarted_takes_its_blocks_out_of_the_pool(pool):
     assert pool.stats()["node_restarts"] == 1 and pool.stats()["blocks_in_pool"] == 2  # node 1 still holds 2
 
 
+def test_a_restarted_node_read_back_from_its_partition_keeps_what_it_still_holds(pool):
+    """With its partition read again (reseed), a restarted node's blocks that tier 3 still holds stay
+    in the pool -- no removal, no second announcement -- and only what it lost leaves."""
+    pool.apply(0, [stored([1, 2, 3], None)], seq=0)
+    pool.apply(0, [], seq=1)
+    again = pool.apply(0, [], seq=0, reseed=[stored([1, 2], None)])  # it restarted holding pages 1 and 2
+    assert [(type(e).__name__, e.block_hashes) for e in again] == [("BlockRemoved", [3])]
+    assert sorted(pool.holders()) == [1, 2] and pool.stats()["node_restarts"] == 1
+
+
 def test_a_node_is_subscribed_once():
     with pytest.raises(ValueError, match="^sources: each node once"):
         PoolStream(["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"], f"tcp://*:{free_port()}")
+    with pytest.raises(ValueError, match="^partitions: given without the namespace"):
+        PoolStream(["tcp://127.0.0.1:1"], f"tcp://*:{free_port()}", partitions=[0])
+    with pytest.raises(ValueError, match="^partitions: each partition once"):
+        PoolStream(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], f"tcp://*:{free_port()}", namespace="/x",
+                   partitions=[0, 0])
 
 
 def test_past_its_bound_the_pool_counts_blocks_it_does_not_track():
@@ -96,6 +111,11 @@ def test_the_cli_refuses_a_bad_endpoint_by_name():
     assert out.returncode == 2
     assert out.stderr.strip() == ("radixtier pool-events: error: --source: expected a ZMQ endpoint such as "
                                   "tcp://host:5557, got 'node-a:5557'")
+    out = subprocess.run([sys.executable, "-m", "radixtier", "pool-events", "--source", "0=tcp://node-a:5557",
+                          "--endpoint", "tcp://*:5600"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "radixtier pool-events: error: --source: PARTITION=ENDPOINT needs --namespace (the namespace those "
+        "partitions are of)")
 
 
 def test_dynamo_finds_a_prefix_in_the_pool_that_only_another_node_wrote(tmp_path):
@@ -187,3 +207,90 @@ def test_the_fleet_view_over_http_answers_per_node_and_refuses_hostile_input(poo
             assert code == 400 and err["error"].split(":")[0] in ("body", "block_hashes"), (bad, err)
     finally:
         http.shutdown()
+
+
+def test_a_pool_started_after_the_writes_shows_the_pool_that_ran_throughout(tmp_path):
+    """Two nodes write their partitions of one namespace (pages tagged as the SGLang backend tags
+    them) and announce on their own streams. A pool process that listened from the start and one
+    started after the writes -- reading what the partitions hold from the namespace -- end with the
+    same pool once the nodes go on (one evicts, the other writes), and the late one announced, on
+    its own stream, what it read."""
+    import torch
+
+    from radixtier.storage.nvmeof.store import NvmeofPageStore
+    from radixtier.testing.kv_replay import events_of, replayed
+
+    ns = str(tmp_path / "ns.img")
+    stores = [NvmeofPageStore(ns, 4096, partition=p, partitions=2, node_id=f"node-{p}", create_bytes=16 << 20)
+              for p in range(2)]
+    ports = [free_port() for _ in range(4)]
+    nodes = [Tier3Events.own_stream(EventsConfig(f"tcp://*:{ports[i]}", "", ""), BS) for i in range(2)]
+    sources = [f"tcp://127.0.0.1:{ports[i]}" for i in range(2)]
+    early = PoolStream(sources, f"tcp://*:{ports[2]}", namespace=ns, partitions=[0, 1])
+    late = None
+
+    def write(node: int, keys: list, parent=None):
+        h = [hash_str_to_int64(k) for k in keys]
+        toks = [x % 100_000 * BS + i for x in h for i in range(BS)]  # token ids as a vocabulary has them
+        nodes[node].observed(KVEventBatch(ts=time.time(), events=[BlockStored(
+            block_hashes=h, parent_block_hash=None if parent is None else hash_str_to_int64(parent), token_ids=toks,
+            block_size=BS, lora_id=None, medium="GPU")]))
+        assert nodes[node].flush(10)
+        tags = nodes[node].tags_for(keys, parent)
+        sks = [bytes.fromhex(k)[:16] for k in keys]
+        res = stores[node].put(sks, [torch.full((1024,), float(i)) for i in range(len(keys))],
+                               [None] + sks[:-1], tags)
+        nodes[node].stored(keys, parent, sks, res.ok)
+        assert nodes[node].flush(10)
+
+    try:
+        def until_heard(pool: PoolStream) -> None:
+            """Both nodes' streams reach `pool` (a SUB joins late): a probe page stored and removed."""
+            deadline = time.monotonic() + 30
+            while pool.stats()["nodes_heard"] < 2 and time.monotonic() < deadline:
+                for n in nodes:
+                    n.stored([chain_keys(1, "probe")[0]], None, [b"\xff" * 16], [True])
+                    n.removed([b"\xff" * 16])
+                    assert n.flush(10)
+                time.sleep(0.05)
+            assert pool.stats()["nodes_heard"] == 2
+
+        until_heard(early)
+        system = chain_keys(3, "shared-system-prompt")
+        write(0, system)
+        write(1, system)  # the same prompt in both partitions: two holders
+        write(0, chain_keys(2, "a-only"), None)
+        deadline = time.monotonic() + 20
+        while len(early.holders()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replay = f"tcp://127.0.0.1:{free_port()}"
+        late = PoolStream(sources, f"tcp://*:{ports[3]}", replay_endpoint=replay.replace("127.0.0.1", "*"),
+                          namespace=ns, partitions=[0, 1])
+        assert late.stats()["read_from_namespace"] == 8
+        said = [e for e in events_of(replayed(replay, 1)) if isinstance(e, BlockStored)]
+        assert {e.medium for e in said} == {"EXTERNAL"}
+        assert sorted(h for e in said for h in e.block_hashes) == sorted(
+            hash_str_to_int64(k) for k in system + chain_keys(2, "a-only"))
+        until_heard(late)
+        gone = [bytes.fromhex(k)[:16] for k in system]
+        assert stores[0].delete(gone) == 3
+        nodes[0].removed(gone)  # node 0 evicts the prompt: node 1 still holds it
+        write(1, chain_keys(2, "b-only"))
+        for n in nodes:
+            assert n.flush(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not len(late.holders()) == len(early.holders()) == 7:
+            time.sleep(0.1)
+        assert late.holders() == early.holders()
+        view = early.holders()
+        assert len(view) == 7 and all(announced for announced, _who in view.values())
+        assert all(who == [sources[1]] for h, (_a, who) in view.items()
+                   if h in {hash_str_to_int64(k) for k in system})
+    finally:
+        for p in (early, late):
+            if p is not None:
+                p.close()
+        for n in nodes:
+            n.close()
+        for s in stores:
+            s.close()

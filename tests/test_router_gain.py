@@ -66,8 +66,16 @@ def test_a_small_replay_routes_through_dynamo_and_tier3_never_costs_recompute(tm
     assert blind["known_holder_any_tier"] == blind["known_holder_device_host"]
     assert seen["tokens_computed"] < blind["tokens_computed"]
     assert (tmp_path / "rg.md").read_text().startswith("Agent fleet:") and (tmp_path / "rg.png").stat().st_size > 0
+    # node 0 restarts after half the requests: re-announcing its tier 3 wins back what it holds
+    again, silent = (report["fleets"][f]["after_restart"] for f in ("restart, re-announced", "restart, not re-announced"))
+    assert again["requests"] == silent["requests"] == 27 - report["restart_at"]
+    assert again["restarted_tier3_tokens"] > silent["restarted_tier3_tokens"]
+    assert again["tokens_computed"] < silent["tokens_computed"]
+    assert "| re-announced |" in (tmp_path / "rg.md").read_text()
 
 
 def test_bad_numbers_are_refused_by_name():
     with pytest.raises(SystemExit):
         rg.main(["--nodes", "0"])
+    with pytest.raises(SystemExit):
+        rg.main(["--restart-at", "1.5"])

@@ -109,6 +109,21 @@ def wait_for_backups(s: SGLangServer, at_least: float = 1, timeout_s: float = 60
     raise AssertionError(f"tier 3 did not settle at >= {at_least} pages within {timeout_s} s: {seen[-10:]}")
 
 
+def wait_for_index(redis_url: str, node: str, at_least: float, timeout_s: float = 30) -> None:
+    """Until the prefix index names at least `at_least` pages of `node` (its publish queue runs after
+    each backup, on a thread of its own: a busy machine can hold it back a while)."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    deadline, n = time.monotonic() + timeout_s, 0
+    while time.monotonic() < deadline:
+        n = sum(r.hlen(k) for k in r.scan_iter(match=f"*{{o:{node}*}}"))  # what the node published
+        if n >= at_least:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the index names {n} pages of {node} after {timeout_s} s, expected >= {at_least}")
+
+
 def same_outputs(reference_run: http_load.Run, run: http_load.Run) -> None:
     bad = http_load.compare(reference_run, run, LOGPROB_TOL)
     assert not bad, "outputs differ from the server without L3:\n" + "\n".join(bad[:10])
@@ -280,15 +295,17 @@ def pair(model, workdir, reference):
     redis = RedisServer(str(workdir / "pair-redis"))
     ns = str(workdir / "shared" / "ns.img")
     capacity = f"{20 * KV_SCALE}MiB"
-    pa, pb = free_port(), free_port()
+    pa, pb, pa_replay = free_port(), free_port(), free_port()
     common = dict(redis_url=redis.url, device=DEVICE, capacity=capacity, partitions=2)
     a = server(model, workdir, "pair-a", radixtier_args(ns, node_id="node-a", partition=0, **common)
-               + ["--kv-events-config", json.dumps({"publisher": "radixtier", "endpoint": f"tcp://*:{pa}"})])
+               + ["--kv-events-config", json.dumps({"publisher": "radixtier", "endpoint": f"tcp://*:{pa}",
+                                                     "replay_endpoint": f"tcp://*:{pa_replay}"})])
     b = server(model, workdir, "pair-b", radixtier_args(ns, node_id="node-b", partition=1, **common)
                + ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{pb}"})])
     try:
         start_together([a, b])
-        yield {"a": a, "b": b, "events_a": f"tcp://127.0.0.1:{pa}", "events_b": f"tcp://127.0.0.1:{pb}"}
+        yield {"a": a, "b": b, "events_a": f"tcp://127.0.0.1:{pa}", "events_b": f"tcp://127.0.0.1:{pb}", "ns": ns,
+               "replay_a": f"tcp://127.0.0.1:{pa_replay}", "redis_url": redis.url}
     finally:
         a.stop()
         b.stop()
@@ -303,7 +320,8 @@ class TestTwoNodes:
         with explained(a, b):
             begun = http_load.Conversation("chat-0", CHAT[0].turns[:2])
             first = http_load.replay(a.url, [begun])
-            wait_for_backups(a, at_least=20)
+            held = wait_for_backups(a, at_least=20)
+            wait_for_index(pair["redis_url"], "node-a", held)  # B finds A's pages through the index
             # the user's third turn reaches B: its prompt is the first two turns and more
             cont = http_load.replay(b.url, [http_load.Conversation("chat-0", CHAT[0].turns[2:], first_turn=2)])
             reply = cont.replies[0]
@@ -385,6 +403,58 @@ class TestTwoNodes:
                 raise
             finally:
                 indexer.stop()
+
+
+    def test_a_worker_killed_and_restarted_is_scored_for_its_tier3_before_any_request(self, pair, workdir):
+        """A is kill -9ed with a prompt in tier 3 and restarted on the same namespace. A router that
+        lost the worker (a fresh Dynamo indexer, A registered again once it is up, as Dynamo's
+        discovery does, with A's replay endpoint) and a pool-events process started after the writes
+        (reading the partitions from the namespace) both score A's prompt -- Dynamo's `disk` for A
+        and for the pool -- before any new request reaches A; once A's tier 3 evicts it, A's drops."""
+        from radixtier.fleet.pool_stream import PoolStream
+        from radixtier.testing.dynamo_indexer import DynamoIndexer, tokens_of
+        from radixtier.testing.redis_server import free_port
+        from radixtier.testing.skips import require_dynamo
+
+        require_dynamo()
+        a = pair["a"]
+        prompt = token_ids(7, 1500)
+        whole = len(prompt) // 64 * 64
+        with explained(a):
+            generate(a, prompt)
+            wait_for_backups(a, at_least=whole // 64)
+            a.kill()  # the prompt's pages are in A's partition; a router drops a worker it lost
+            pool_port = free_port()
+            indexer = DynamoIndexer(str(workdir), 64, {99: f"tcp://127.0.0.1:{pool_port}"})
+            pool = None
+            try:
+                before = indexer.query(prompt)
+                print("dynamo /query, A down:", before)
+                assert tokens_of(before, 1, "longest_matched") == 0, before
+                pool = PoolStream([pair["events_a"], pair["events_b"]], f"tcp://*:{pool_port}", namespace=pair["ns"],
+                                  partitions=[0, 1])  # started after the writes: it reads the partitions
+                print("pool-events read from the namespace at start:", pool.stats()["read_from_namespace"], "pages")
+                in_pool = indexer.wait_for(prompt, lambda q: tokens_of(q, 99, "disk") >= whole, 30)
+                print("dynamo /query, the pool started after the writes:", in_pool)
+                assert tokens_of(in_pool, 99, "disk") >= whole, in_pool
+                a.start()  # same namespace and ports; no request reaches it before the query below
+                indexer.register(1, pair["events_a"], pair["replay_a"], 64)
+                restarted = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") >= whole, 30)
+                print("dynamo /query after A's restart, before any request:", restarted)
+                assert tokens_of(restarted, 1, "disk") >= whole and tokens_of(restarted, 1, "gpu") == 0, restarted
+                assert tokens_of(restarted, 99, "disk") >= whole, restarted  # the pool: any node can load it
+                for n in range(3):  # 3 x 2,000 tokens through A: its partition (4,096 tokens) evicts the prompt
+                    generate(a, token_ids(300 + n, 2000))
+                evicted = indexer.wait_for(prompt, lambda q: tokens_of(q, 1, "disk") < whole, 60)
+                print("dynamo /query after A's tier 3 evicted:", evicted)
+                assert tokens_of(evicted, 1, "disk") < whole, evicted
+            except BaseException:
+                print(indexer.log_tail())
+                raise
+            finally:
+                indexer.stop()
+                if pool is not None:
+                    pool.close()
 
 
 # ---------------------------------------------------------------- (g) tensor parallel: a partition per rank

@@ -12,10 +12,15 @@ first holder announced it, with the tokens and parent that holder sent -- and `B
 (e.g. Dynamo's indexer: `--workers "0=tcp://pool:5600,..."`) and reads a match on it as "any node
 attached to the pool can load this prefix from tier 3".
 
-What it cannot know: pages written before it started, or by a node it does not subscribe to, and
-pages a node wrote before it restarted (a node announces only what it wrote since it started: a
-sequence number going back drops what that node held); blocks announced without token ids are
-tracked but not announced until some holder sends their tokens; device and host events (GPU, CPU)
+**It starts from what exists.** Given the namespace (`namespace`) and, per source, the partition
+its node writes (`partitions`), it reads what those partitions hold (the router tags each page was
+written with: tags.namespace_tags, read-only, no lease) before it applies any node's batch, and
+announces it: a pool process started, or restarted, after the writes shows the same pool as one that
+ran throughout. A node whose sequence number goes back (it restarted) is read again from its
+partition: what it still holds stays in the pool (no removal and re-announcement flicker), what it
+lost is removed. Without the mapping it knows only what the nodes announce while it listens (a
+restarted node announces its partition itself). Blocks announced without token ids are tracked
+but not announced until some holder sends their tokens; device and host events (GPU, CPU)
 and SGLang's AllBlocksCleared are not about the pool and are ignored. Memory: one dict entry (an
 int bit mask of holders) per block, at most `max_blocks` = 4M (~0.5 GiB; past it, new blocks are
 counted in `untracked` and not announced).
@@ -30,7 +35,7 @@ import atexit
 import logging
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import msgspec
 import zmq
@@ -42,6 +47,7 @@ log = logging.getLogger("radixtier.pool")
 DISK = StorageMedium.DISK.value
 EXTERNAL = StorageMedium.EXTERNAL.value
 MAX_BLOCKS = 1 << 22
+ANNOUNCE_AFTER_S = 1.0  # the pool read at start is published this long after the stream opened
 
 
 class PoolStream:
@@ -53,19 +59,30 @@ class PoolStream:
     stats() take too (never held across I/O)."""
 
     def __init__(self, sources: Sequence[str], endpoint: str, replay_endpoint: Optional[str] = None,
-                 topic: str = "", source_topic: str = "", max_blocks: int = MAX_BLOCKS) -> None:
+                 topic: str = "", source_topic: str = "", max_blocks: int = MAX_BLOCKS,
+                 namespace: Optional[str] = None, partitions: Optional[Sequence[Optional[int]]] = None) -> None:
         if not sources:
             raise ValueError("sources: expected at least one node's KV-event endpoint")
         if len(set(sources)) != len(sources):
             raise ValueError(f"sources: each node once, got {list(sources)!r}")
+        parts = list(partitions) if partitions is not None else [None] * len(sources)
+        if len(parts) != len(sources):
+            raise ValueError(f"partitions: one per source ({len(sources)}), got {len(parts)}")
+        known = [p for p in parts if p is not None]
+        if len(set(known)) != len(known):
+            raise ValueError(f"partitions: each partition once, got {known!r}")
+        if known and namespace is None:
+            raise ValueError("partitions: given without the namespace they are partitions of")
         self.sources = list(sources)
+        self.namespace = namespace
+        self.partitions = parts
         self.max_blocks = max_blocks
         self._holders: Dict[int, int] = {}
         self._last_seq: Dict[int, int] = {}
         self._lock = threading.Lock()
         self.counters = {"batches_in": 0, "decode_errors": 0, "blocks_stored": 0, "blocks_removed": 0,
                          "untracked": 0, "batches_out": 0, "without_tokens": 0, "sequence_gaps": 0,
-                         "node_restarts": 0, "errors": 0}
+                         "node_restarts": 0, "errors": 0, "read_from_namespace": 0}
         try:
             self._publisher = ZmqEventPublisher(0, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic,
                                                 bind=True)
@@ -84,11 +101,25 @@ class PoolStream:
             self._close_sockets()
             raise RuntimeError(f"source: cannot subscribe to {source!r}: {exc}") from None
         self._decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self._seeded: List[object] = []  # the pool read at start: published by the thread, before any node's batch
+        try:  # before any node's batch is applied (the subscriptions queue them meanwhile)
+            for node, part in enumerate(parts):
+                if part is not None:
+                    self._seeded += self.apply(node, [], reseed=self._read_partition(node))
+        except BaseException:
+            self._close_sockets()
+            self._publisher.shutdown()
+            atexit.unregister(self._publisher.shutdown)
+            raise
         self._running = True
         self._thread = threading.Thread(target=self._run, name="radixtier-pool-events", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        if self._seeded:  # the stream just opened: subscribers (re)connect every 100 ms, a PUB drops until then
+            time.sleep(ANNOUNCE_AFTER_S)
+            self._publish(self._seeded)
+            self._seeded = []
         poller = zmq.Poller()
         node_of = {}
         for node, sub in enumerate(self._subs):
@@ -112,31 +143,68 @@ class PoolStream:
                 self.counters["decode_errors"] += 1
             log.warning("radixtier: pool events: undecodable batch from %s: %s", self.sources[node], exc)
             return
-        out = self.apply(node, batch.events, seq)
+        with self._lock:
+            last = self._last_seq.get(node)
+        reseed = None
+        if last is not None and seq <= last and self.partitions[node] is not None:
+            reseed = self._read_partition(node)  # the node restarted: what its partition holds now
+        self._publish(self.apply(node, batch.events, seq, reseed))
+
+    def _publish(self, out: List[object]) -> None:
         if out:
             self._publisher.publish(KVEventBatch(ts=time.time(), events=out))
             with self._lock:
                 self.counters["batches_out"] += 1
 
-    def apply(self, node: int, events: Sequence[object], seq: Optional[int] = None) -> List[object]:
+    def _read_partition(self, node: int) -> List[BlockStored]:
+        """What `node`'s partition holds, read from the namespace, as DISK BlockStored runs (parents
+        first). Read with no lock held; an unreadable namespace is logged and counts as empty."""
+        from radixtier.storage.nvmeof.tags import namespace_tags
+
+        events: List[BlockStored] = []
+        try:
+            for _p, pages in namespace_tags(self.namespace, [self.partitions[node]]):
+                events += _as_stored(pages)
+        except (OSError, ValueError) as exc:
+            with self._lock:
+                self.counters["errors"] += 1
+            log.error("radixtier: pool events: cannot read partition %s of %s: %s", self.partitions[node],
+                      self.namespace, exc)
+        with self._lock:
+            self.counters["read_from_namespace"] += sum(len(e.block_hashes) for e in events)
+        return events
+
+    def apply(self, node: int, events: Sequence[object], seq: Optional[int] = None,
+              reseed: Optional[List[BlockStored]] = None) -> List[object]:
         """The pool's events for one batch of `node`'s events (its DISK events; the rest ignored).
-        A sequence number lower than the node's last means it restarted: what it held is dropped."""
+        A sequence number lower than the node's last means it restarted: what it held is dropped,
+        except what `reseed` (its partition read back, as DISK BlockStored) says it still holds,
+        which is applied first, as it is when given alone (the pool's start)."""
         with self._lock:
             out: List[object] = []
+            restarted = False
             if seq is not None:
                 last = self._last_seq.get(node)
                 if last is not None and seq <= last:
                     self.counters["node_restarts"] += 1
-                    out += self._forget(node)
+                    restarted = True
                 elif last is not None and seq > last + 1:
                     self.counters["sequence_gaps"] += 1
                 self._last_seq[node] = seq
-            self.counters["batches_in"] += 1
+            if reseed is not None:
+                keep = {h for e in reseed for h in e.block_hashes}
+                out += self._apply(node, reseed)
+                if restarted:
+                    out += self._forget(node, keep)
+            elif restarted:
+                out += self._forget(node, set())
+            if seq is not None or reseed is None:  # a node's batch (the start's read is not one)
+                self.counters["batches_in"] += 1
             return out + self._apply(node, events)
 
-    def _forget(self, node: int) -> List[object]:
+    def _forget(self, node: int, keep: set) -> List[object]:
         bit = 1 << (node + 1)
-        return self._release(bit, [h for h, mask in self._holders.items() if mask & bit])
+        return self._release(bit, [h for h, mask in self._holders.items() if mask & bit and h not in keep])
 
     def _release(self, bit: int, hashes: Sequence[int]) -> List[object]:
         """One node (`bit`) no longer holds `hashes`: the pool's removal of those nobody holds now
@@ -231,7 +299,15 @@ class PoolStream:
 
     def stats(self) -> Dict[str, int]:
         with self._lock:
-            return dict(self.counters, blocks_in_pool=len(self._holders))
+            return dict(self.counters, blocks_in_pool=len(self._holders), nodes_heard=len(self._last_seq))
+
+    def holders(self) -> Dict[int, Tuple[bool, List[str]]]:
+        """The pool as this process sees it: block hash -> (announced to the pool's subscribers, the
+        sources holding it). For comparing two pool processes and for tests."""
+        with self._lock:
+            items = list(self._holders.items())
+        return {h: (bool(mask & 1), [src for n, src in enumerate(self.sources) if mask >> (n + 1) & 1])
+                for h, mask in items}
 
     def close(self) -> None:
         self._running = False
@@ -244,3 +320,19 @@ class PoolStream:
     def _close_sockets(self) -> None:
         for sub in self._subs:
             sub.close()
+
+
+def _as_stored(pages: Sequence[Tuple[bytes, int, Optional[int], List[int]]]) -> List[BlockStored]:
+    """Tagged pages (tags.namespace_tags, parents first) as DISK BlockStored runs: a run goes on
+    while each page's parent is the page before it and its token count is the run's."""
+    out: List[BlockStored] = []
+    for _key, h, parent, tokens in pages:
+        last = out[-1] if out else None
+        if last is not None and parent == last.block_hashes[-1] and len(tokens) == last.block_size \
+                and bool(tokens) == bool(last.token_ids):
+            last.block_hashes.append(h)
+            last.token_ids.extend(tokens)
+        else:
+            out.append(BlockStored(block_hashes=[h], parent_block_hash=parent, token_ids=list(tokens),
+                                   block_size=len(tokens), lora_id=None, medium=DISK))
+    return out

@@ -40,6 +40,14 @@ class PageLocation:
 LocationTuple = Tuple[str, int, int, int, int]
 
 
+# What a KV-aware router's BlockStored names a page by: (the engine's block hash, its parent's block
+# hash or None, the page's token ids). A store may keep it with the page (PageStore.put's `tags`).
+RouterTag = Tuple[int, Optional[int], Sequence[int]]
+# A page named back from a store (PageStore.router_tags): (key, block hash, parent block hash or None,
+# token ids).
+TaggedPage = Tuple[bytes, int, Optional[int], List[int]]
+
+
 @dataclass
 class PutResult:
     """What one put did -- each fact once, so callers tell the index and the event stream from it
@@ -77,13 +85,20 @@ class PageStore(Protocol):
     partition: int  # the partition this store writes
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
-            parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
+            parents: Optional[Sequence[Optional[bytes]]] = None,
+            tags: Optional[Sequence[Optional[RouterTag]]] = None) -> PutResult:
         """Store pages: keys[i]'s bytes are buffers[i] (a tensor, a buffer, (address, nbytes) or a
         list of segments); parents[i] the key of the page before it in its chain (None: a chain's
-        first page, or unknown), which the eviction order follows (leaves first). Returns ok per key
-        (durable and indexed, or held already), the location of each stored page and the keys
+        first page, or unknown), which the eviction order follows (leaves first); tags[i] what a
+        router calls the page (kept with it where the store can, for router_tags). Returns ok per
+        key (durable and indexed, or held already), the location of each stored page and the keys
         evicted to make room (each once, in order). A full store of pages being read stores the
         leading part of the batch; a lease this store no longer holds stores nothing."""
+
+    def router_tags(self, batch_pages: int = 256) -> Iterator[List[TaggedPage]]:
+        """The held pages written with a tag, as a router names them, parents before children, in
+        batches of at most batch_pages; each proven held when named. Empty for a store that keeps
+        no tags; ends early once the store closes."""
 
     def get(self, keys: Sequence[bytes], buffers: Sequence[BufferLike]) -> List[bool]:
         """Read pages into caller buffers: ok[i] only once page i's slot header and checksum proved

@@ -19,9 +19,10 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
-from radixtier.storage.api import BufferLike, LocationTuple, PageStore, PrefixIndex, PutResult
+from radixtier.storage.api import (BufferLike, LocationTuple, PageStore, PrefixIndex, PutResult, RouterTag,
+                                   TaggedPage)
 from radixtier.storage.publisher import Publisher
 
 HINTS = 65536  # remote page locations remembered between a lookup and the read that follows
@@ -147,10 +148,12 @@ class TierClient:
         return ReadResult(ok, local, remote, lookup_s, found)
 
     def write(self, root: bytes, keys: Sequence[bytes], buffers: Sequence[BufferLike],
-              parents: Optional[Sequence[Optional[bytes]]] = None) -> WriteResult:
-        """store.put, then what follows it: the index told what the put stored and evicted (from the
-        put's own result) and what the store dropped meanwhile."""
-        res = self.store.put(keys, buffers, parents)
+              parents: Optional[Sequence[Optional[bytes]]] = None,
+              tags: Optional[Sequence[Optional[RouterTag]]] = None) -> WriteResult:
+        """store.put (with each page's router tag, if given), then what follows it: the index told
+        what the put stored and evicted (from the put's own result) and what the store dropped
+        meanwhile."""
+        res = self.store.put(keys, buffers, parents, tags)
         return WriteResult(res, self.after_put(root, keys, res))
 
     def after_put(self, root: bytes, keys: Sequence[bytes], res: PutResult) -> List[bytes]:
@@ -162,6 +165,10 @@ class TierClient:
         dropped = self.publisher.withdraw_dropped()
         self.publisher.stored(root, keys, res)
         return dropped
+
+    def router_tags(self, batch_pages: int = 256) -> Iterator[List[TaggedPage]]:
+        """What this partition holds, as a router names it, parents first (store.router_tags)."""
+        return self.store.router_tags(batch_pages)
 
     def clear(self) -> List[bytes]:
         """Remove every page of this partition; returns their keys (unpublished here)."""

@@ -53,6 +53,19 @@ class DynamoIndexer:
         return {int(wid): {k: v for k, v in info.items() if isinstance(v, int)}
                 for wid, info in answer.get("instances", {}).items()}
 
+    def register(self, worker: int, endpoint: str, replay_endpoint: str, block_size: int) -> None:
+        """Register a worker's KV-event stream (`POST /register`), as Dynamo's discovery does when a
+        worker comes up: with a replay endpoint, a sequence gap is filled from the worker's replay
+        socket (SGLang's publisher keeps its recent batches)."""
+        self._post("/register", {"instance_id": worker, "endpoint": endpoint, "replay_endpoint": replay_endpoint,
+                                 "block_size": block_size, "model_name": "default"})
+
+    def _post(self, path: str, body: dict) -> bytes:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.read()
+
     def dump(self) -> object:
         """The indexer's whole tree as Dynamo's RouterEvents (`GET /dump`)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/dump", timeout=10) as resp:

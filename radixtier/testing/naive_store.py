@@ -16,7 +16,7 @@ import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from radixtier.eviction import LEAVES_FIRST, EvictionOrder
-from radixtier.storage.api import BufferLike, PageLocation, PutResult, buffer_view
+from radixtier.storage.api import BufferLike, PageLocation, PutResult, TaggedPage, buffer_view
 
 
 class OneFilePerPageStore:
@@ -40,8 +40,12 @@ class OneFilePerPageStore:
     def _file(self, key: bytes) -> str:
         return os.path.join(self.directory, key.hex() + ".bin")
 
+    def router_tags(self, batch_pages: int = 256) -> Iterator[List[TaggedPage]]:
+        """This baseline keeps no router tags: nothing to name."""
+        return iter(())
+
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
-            parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
+            parents: Optional[Sequence[Optional[bytes]]] = None, tags: Optional[Sequence[object]] = None) -> PutResult:
         ok, evicted = [False] * len(keys), []
         with self._write_lock:
             for i, (key, buf) in enumerate(zip(keys, buffers)):

@@ -35,6 +35,9 @@
 #define ENTRY_BODY 60
 #define ENTRY_MAGIC 0x5452
 #define STATE_USED 1
+#define EVENT_OFFSET 128 /* a page's router tag (layout.pack_tag) in its slot header */
+#define ENTRY_TAGGED 1   /* table entry flag: its spare bytes hold the tag's block hash */
+#define TAG_MIN 28       /* a tag's fixed part; its block hash is at byte 8 */
 #define FIXED_MIN_BYTES (256 * 1024) /* smallest segment read with READ_FIXED */
 
 enum { ST_OK = 0, ST_IO = 1, ST_HEADER = 2, ST_CHECKSUM = 3, ST_NOT_RUN = 4, ST_STALE = 5 };
@@ -305,6 +308,8 @@ typedef struct {
     unsigned char key[KEY_BYTES];
     unsigned char parent[KEY_BYTES];
     unsigned char *hdr;
+    const unsigned char *tag; /* write: the page's packed router tag (a bytes object the plan holds), or NULL */
+    Py_ssize_t tag_len;
     unsigned char *bounce;
     size_t padded; /* header + payload rounded up to blocks: the bytes this item's I/O moves */
     int status;
@@ -374,6 +379,7 @@ static void pack_header(const Batch *b, Item *it) {
     memcpy(h + 48, it->parent, KEY_BYTES);
     memcpy(h + 64, b->uuid, 16);
     put32(h + HDR_BODY, rt_crc32c(0, h, HDR_BODY));
+    if (it->tag != NULL) memcpy(h + EVENT_OFFSET, it->tag, (size_t)it->tag_len);
 }
 
 static int verify(const Batch *b, Item *it) {
@@ -408,6 +414,10 @@ static void pack_entry(const Item *it, unsigned char *e) {
     memcpy(e + 16, it->key, KEY_BYTES);
     memcpy(e + 32, it->parent, KEY_BYTES);
     put32(e + 48, it->csum);
+    if (it->tag != NULL) {
+        e[3] = ENTRY_TAGGED;
+        memcpy(e + 52, it->tag + 8, 8);
+    }
     put32(e + ENTRY_BODY, rt_crc32c(0, e, ENTRY_BODY));
 }
 
@@ -748,10 +758,11 @@ static int batch_setup(Batch *b, PageBatchObject *pb, PyObject *plan, const Read
             it->gen = gen;
             it->length = length;
             it->csum = csum;
-        } else { /* (batch index, key, parent or None, slot, generation) */
+        } else { /* (batch index, key, parent or None, slot, generation[, packed router tag or None]) */
             long long slot;
             unsigned long long gen;
-            if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "nOOLK", &index, &key, &y, &slot, &gen)) {
+            PyObject *tag = Py_None;
+            if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "nOOLK|O", &index, &key, &y, &slot, &gen, &tag)) {
                 if (!PyErr_Occurred())
                     PyErr_SetString(PyExc_TypeError, "plan item: expected (index, key, parent, slot, generation)");
                 goto fail;
@@ -759,6 +770,16 @@ static int batch_setup(Batch *b, PageBatchObject *pb, PyObject *plan, const Read
             it->slot = slot;
             it->gen = gen;
             if (y != Py_None && key_from(y, it->parent, "parent") < 0) goto fail;
+            if (tag != Py_None) {
+                if (!PyBytes_Check(tag) || PyBytes_GET_SIZE(tag) < TAG_MIN ||
+                    PyBytes_GET_SIZE(tag) > BLK - EVENT_OFFSET) {
+                    PyErr_Format(PyExc_ValueError, "plan item %zd: a router tag is %d..%d bytes", i, TAG_MIN,
+                                 BLK - EVENT_OFFSET);
+                    goto fail;
+                }
+                it->tag = (const unsigned char *)PyBytes_AS_STRING(tag);
+                it->tag_len = PyBytes_GET_SIZE(tag);
+            }
         }
         if (key_from(key, it->key, "key") < 0) goto fail;
         if (index < 0 || index >= pb->n) {
@@ -965,11 +986,13 @@ static int add_ints(PyObject *m, const char *dict_name, const char *const *names
 
 int rt_pagebatch_add_constants(PyObject *m) {
     static const char *const layout_names[] = {"BLOCK", "HEADER_BODY", "FORMAT_VERSION", "KEY_BYTES",
-                                               "ENTRY_BYTES", "ENTRY_BODY", "ENTRY_MAGIC", "STATE_USED"};
+                                               "ENTRY_BYTES", "ENTRY_BODY", "ENTRY_MAGIC", "STATE_USED",
+                                               "EVENT_OFFSET", "ENTRY_TAGGED"};
     static const long layout_values[] = {BLK, HDR_BODY, FORMAT_VERSION, KEY_BYTES,
-                                         ENTRY_BYTES, ENTRY_BODY, ENTRY_MAGIC, STATE_USED};
+                                         ENTRY_BYTES, ENTRY_BODY, ENTRY_MAGIC, STATE_USED,
+                                         EVENT_OFFSET, ENTRY_TAGGED};
     static const char *const status_names[] = {"OK", "IO", "HEADER", "CHECKSUM", "NOT_RUN", "STALE"};
     static const long status_values[] = {ST_OK, ST_IO, ST_HEADER, ST_CHECKSUM, ST_NOT_RUN, ST_STALE};
-    if (add_ints(m, "LAYOUT", layout_names, layout_values, 8) < 0) return -1;
+    if (add_ints(m, "LAYOUT", layout_names, layout_values, 10) < 0) return -1;
     return add_ints(m, "STATUS", status_names, status_values, 6);
 }

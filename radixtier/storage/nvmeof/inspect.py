@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import crc32c as _crc32c
 
 from radixtier.storage.nvmeof.layout import (BLOCK, ENTRY_BYTES, HEADER_BYTES, LEASE_CLEAN, LEASE_HELD, FormatError,
-                                      LeaseRecord, SlotHeader, Superblock, TableEntry)
+                                      LeaseRecord, SlotHeader, Superblock, TableEntry, unpack_tag)
 from radixtier.storage.nvmeof.target import Target, open_target
 
 READ_CHUNK_BYTES = 4 << 20  # the most inspect holds of the table or of a page at once (a multiple of ENTRY_BYTES)
@@ -103,11 +103,16 @@ def _payload_checksum(fd: int, offset: int, length: int) -> Optional[int]:
 
 def _slot_error(fd: int, sb: Superblock, slot: int, e: TableEntry) -> str:
     """Why the page in `slot` is not the one its table entry names ('' if it is)."""
-    h = SlotHeader.unpack(os.pread(fd, HEADER_BYTES, sb.slot_offset(slot)).ljust(HEADER_BYTES, b"\x00"))
+    raw = os.pread(fd, HEADER_BYTES, sb.slot_offset(slot)).ljust(HEADER_BYTES, b"\x00")
+    h = SlotHeader.unpack(raw)
     if h is None:
         return "slot header missing or damaged"
     if (h.key, h.generation, h.length, h.slot, h.uuid) != (e.key, e.generation, e.length, slot, sb.uuid):
         return "slot header does not match its table entry (stale or torn write)"
+    if e.block_hash is not None:
+        tag = unpack_tag(raw)
+        if tag is None or tag[0] != e.block_hash:
+            return "router tag damaged or not the one its table entry names"
     if _payload_checksum(fd, sb.slot_offset(slot) + HEADER_BYTES, e.length) != e.checksum:
         return "payload checksum mismatch"
     return ""
@@ -119,9 +124,10 @@ def _partition_report(fd: int, sb: Superblock, p: int, path: str, verify: bool, 
     """One partition's line of the report; its bad pages (with --verify) are appended to `errors`."""
     lease = LeaseRecord.unpack(os.pread(fd, BLOCK, sb.lease_offset(p)))
     rng = sb.partition_range(p)
-    used = 0
+    used = tagged = 0
     for slot, e in _used_entries(fd, sb, rng, path):
         used += 1
+        tagged += e.block_hash is not None
         if not verify:
             continue
         why = _slot_error(fd, sb, slot, e)
@@ -129,7 +135,7 @@ def _partition_report(fd: int, sb: Superblock, p: int, path: str, verify: bool, 
             errors.append({"partition": p, "slot": slot, "key": e.key.hex(), "error": why})
         if progress is not None:
             progress(1)
-    return {"partition": p, "slots": len(rng), "used": used, **_lease_report(lease, now_ns)}
+    return {"partition": p, "slots": len(rng), "used": used, "tagged": tagged, **_lease_report(lease, now_ns)}
 
 
 def inspect_namespace(path: str, verify: bool = False, progress=None) -> Dict[str, object]:

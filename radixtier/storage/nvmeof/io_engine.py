@@ -266,6 +266,7 @@ class UringIO:
             self._local.ring = ring
             self._local.fixed_version = 0
             with self._lock:
+                self._close_finished_rings()  # short-lived threads (an announcement per flush) leave theirs
                 self._rings.append((ring, threading.current_thread()))
         if reads_fixed and self._local.fixed_version != self._fixed_version:
             self._register_on(ring)
@@ -311,13 +312,17 @@ class UringIO:
                         exc.strerror or exc, hint)
 
     def _set_registry(self, registry, chunks: List[Region]) -> None:
-        """Under self._lock: the new set, and the rings of finished threads closed (a ring lives in
-        its thread's threading.local, so nothing else would drop their pins before close())."""
+        """Under self._lock: the new set, and the rings of finished threads closed."""
         old, self._registry = self._registry, registry
         self._fixed = chunks
         self._fixed_version += 1
         if old is not None:
             old.close()  # rings that cloned it hold their own references to its pages
+        self._close_finished_rings()
+
+    def _close_finished_rings(self) -> None:
+        """Under self._lock: close the rings of threads that ended (a ring lives in its thread's
+        threading.local, so nothing else would close it, nor drop its pins, before close())."""
         live = []
         for ring, owner in self._rings:
             if owner.is_alive():

@@ -14,6 +14,15 @@ most the one entry being changed.
 
 Each partition's lease has a block of its own, so opening, renewing or closing one partition
 never reads-modifies-writes another's (version 1 kept all owner flags in one shared block).
+
+A page may carry its **router tag** -- what a KV-aware router's `BlockStored` names it by: the
+engine's block hash, its parent's, and the page's token ids -- so a restarted node can announce
+what its partition holds. The tag sits in the slot header's spare bytes (`EVENT_OFFSET` on, its
+own CRC), written in the same I/O as the page, and the block hash is repeated in the table
+entry's spare bytes (flag `ENTRY_TAGGED`): a tag exists for a reader only where its page landed.
+Both live in bytes version 2 left zero and never read, so this is still format version 2: a
+namespace written before tags reads as one whose pages carry none, and an older radixtier reads a
+tagged namespace unchanged.
 """
 
 from __future__ import annotations
@@ -21,10 +30,10 @@ from __future__ import annotations
 import struct
 import uuid as uuid_mod
 
-from radixtier.storage.api import KEY_BYTES
+from radixtier.storage.api import KEY_BYTES, RouterTag
 from radixtier.storage.checksum import checksum
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional, Tuple
 
 BLOCK = 4096
 SUPERBLOCK_MAGIC = b"RDXTIER\x01"
@@ -45,6 +54,16 @@ _HDR_MAGIC = b"RTPG"
 _LEASE = struct.Struct("<4sHBB48s64s16sQIQ16sQQQ")
 _LEASE_MAGIC = b"RTLS"
 _NO_PARENT = b"\x00" * KEY_BYTES
+# A page's router tag, at EVENT_OFFSET in its slot header: magic, version, flags, block hash, parent
+# block hash, token count; then the token ids (int32 each) and a CRC-32C of everything before it.
+_TAG = struct.Struct("<4sHHqqI")
+_TAG_MAGIC = b"RTEV"
+_TAG_VERSION = 1
+_TAG_HAS_PARENT = 1
+_TOKEN = struct.Struct("<i")
+EVENT_OFFSET = 128
+MAX_TAG_TOKENS = (BLOCK - EVENT_OFFSET - _TAG.size - 4) // _TOKEN.size
+ENTRY_TAGGED = 1  # table entry flag: its spare bytes hold the page's block hash (its header holds the tag)
 
 STATE_FREE = 0
 STATE_USED = 1
@@ -54,7 +73,7 @@ LEASE_HELD = 2  # open (or its holder crashed): recovery re-checks slot headers
 # as _uring.LAYOUT, and the io_uring engine refuses a build whose values differ from these.
 NATIVE_LAYOUT = {"BLOCK": BLOCK, "HEADER_BODY": _HDR.size, "FORMAT_VERSION": FORMAT_VERSION, "KEY_BYTES": KEY_BYTES,
                  "ENTRY_BYTES": ENTRY_BYTES, "ENTRY_BODY": _ENTRY.size, "ENTRY_MAGIC": _ENTRY_MAGIC,
-                 "STATE_USED": STATE_USED}
+                 "STATE_USED": STATE_USED, "EVENT_OFFSET": EVENT_OFFSET, "ENTRY_TAGGED": ENTRY_TAGGED}
 
 
 class FormatError(ValueError):
@@ -159,6 +178,47 @@ class Superblock:
         return ""
 
 
+
+
+def pack_tag(tag: RouterTag) -> bytes:
+    """A page's router tag as the slot header holds it (at EVENT_OFFSET). Token ids past
+    MAX_TAG_TOKENS, or outside int32, leave the tag without tokens (its hashes still name it).
+    ValueError for a hash outside int64."""
+    block_hash, parent, tokens = tag
+    try:
+        ids = struct.pack(f"<{len(tokens)}i", *tokens) if 0 < len(tokens) <= MAX_TAG_TOKENS else b""
+    except struct.error:
+        ids = b""
+    try:
+        body = _TAG.pack(_TAG_MAGIC, _TAG_VERSION, 0 if parent is None else _TAG_HAS_PARENT, block_hash,
+                         parent or 0, len(ids) // _TOKEN.size) + ids
+    except struct.error:
+        raise ValueError(f"router tag: block hashes must be int64, got {block_hash!r}, {parent!r}") from None
+    return body + _SB_CRC.pack(checksum(body))
+
+
+def unpack_tag(header: bytes) -> Optional[Tuple[int, Optional[int], List[int]]]:
+    """The router tag in a slot header block (block hash, parent or None, token ids), or None when
+    the header carries none or a damaged one."""
+    end = EVENT_OFFSET + _TAG.size
+    if len(header) < end + 4 or header[EVENT_OFFSET:EVENT_OFFSET + 4] != _TAG_MAGIC:
+        return None
+    _m, version, flags, block_hash, parent, n = _TAG.unpack_from(header, EVENT_OFFSET)
+    if version != _TAG_VERSION or n > MAX_TAG_TOKENS:
+        return None
+    stop = end + n * _TOKEN.size
+    (crc,) = _SB_CRC.unpack_from(header, stop)
+    if crc != checksum(bytes(header[EVENT_OFFSET:stop])):
+        return None
+    tokens = list(struct.unpack_from(f"<{n}i", header, end)) if n else []
+    return block_hash, (parent if flags & _TAG_HAS_PARENT else None), tokens
+
+
+def tag_block_hash(tag: bytes) -> int:
+    """The block hash of a packed tag (the table entry repeats it)."""
+    return _TAG.unpack_from(tag)[3]
+
+
 @dataclass(frozen=True)
 class TableEntry:
     key: bytes
@@ -166,23 +226,27 @@ class TableEntry:
     generation: int
     length: int
     checksum: int
+    block_hash: Optional[int] = None  # the page's router block hash, when it was written with a tag
 
     def pack(self) -> bytes:
-        body = _ENTRY.pack(_ENTRY_MAGIC, STATE_USED, 0, self.length, self.generation, self.key,
-                           self.parent or _NO_PARENT, self.checksum, b"\x00" * 8)
+        tagged = self.block_hash is not None
+        body = _ENTRY.pack(_ENTRY_MAGIC, STATE_USED, ENTRY_TAGGED if tagged else 0, self.length, self.generation,
+                           self.key, self.parent or _NO_PARENT, self.checksum,
+                           struct.pack("<q", self.block_hash) if tagged else b"\x00" * 8)
         return body + _SB_CRC.pack(checksum(body))
 
     @staticmethod
     def unpack(raw: bytes) -> Optional["TableEntry"]:
         """The entry, or None for a free, never-written or damaged entry."""
         body = raw[:_ENTRY.size]
-        magic, state, _flags, length, gen, key, parent, csum, _res = _ENTRY.unpack(body)
+        magic, state, flags, length, gen, key, parent, csum, spare = _ENTRY.unpack(body)
         if magic != _ENTRY_MAGIC or state != STATE_USED:
             return None
         (crc,) = _SB_CRC.unpack_from(raw, _ENTRY.size)
         if crc != checksum(body):
             return None
-        return TableEntry(key, None if parent == _NO_PARENT else parent, gen, length, csum)
+        block_hash = struct.unpack("<q", spare)[0] if flags & ENTRY_TAGGED else None
+        return TableEntry(key, None if parent == _NO_PARENT else parent, gen, length, csum, block_hash)
 
 
 FREE_ENTRY = b"\x00" * ENTRY_BYTES
@@ -198,11 +262,15 @@ class SlotHeader:
     parent: Optional[bytes]
     uuid: str
 
-    def pack_into(self, buf: memoryview) -> None:
+    def pack_into(self, buf: memoryview, tag: Optional[bytes] = None) -> None:
+        """The header into `buf` (a whole header block, zeroed here), with a packed router tag if given."""
         body = _HDR.pack(_HDR_MAGIC, FORMAT_VERSION, 0, self.generation, self.length, self.checksum,
                          self.slot, self.key, self.parent or _NO_PARENT, bytes.fromhex(self.uuid))
+        buf[:] = bytes(len(buf))
         buf[:len(body)] = body
         buf[len(body):len(body) + 4] = _SB_CRC.pack(checksum(body))
+        if tag:
+            buf[EVENT_OFFSET:EVENT_OFFSET + len(tag)] = tag
 
     @staticmethod
     def unpack(buf) -> Optional["SlotHeader"]:

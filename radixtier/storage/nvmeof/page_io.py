@@ -20,11 +20,13 @@ from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 from radixtier.storage.api import BufferLike, buffer_address, buffer_view
 from radixtier.storage.checksum import checksum
 from radixtier.storage.nvmeof.io_engine import IOV_MAX, IOOp, aligned_buffer
-from radixtier.storage.nvmeof.layout import BLOCK, HEADER_BYTES, SlotHeader, Superblock, TableEntry, align_up
+from radixtier.storage.nvmeof.layout import (BLOCK, HEADER_BYTES, SlotHeader, Superblock, TableEntry, align_up,
+                                             tag_block_hash)
 from radixtier.storage.nvmeof.status import PageStatus, StoreCounters
 
-# A page to write: (index into the batch's buffers, key, parent key or None, slot, generation)
-WriteItem = Tuple[int, bytes, Optional[bytes], int, int]
+# A page to write: (index into the batch's buffers, key, parent key or None, slot, generation, packed
+# router tag or None -- layout.pack_tag)
+WriteItem = Tuple[int, bytes, Optional[bytes], int, int, Optional[bytes]]
 # Where a stored page is, as the slot room holds it: (slot, generation, length, checksum, ...)
 SlotTuple = Tuple  # the first four fields are read; more may follow
 # (status bytes, checksums, packed table entries in plan order, first errno) of a write
@@ -195,13 +197,14 @@ class PythonPageIO:
         ops, entries, sums, bounce_bytes = [], [], [], 0
         headers = aligned_buffer(HEADER_BYTES * len(plan))
         uuid = self._g.uuid
-        for j, (i, key, parent, slot, gen) in enumerate(plan):
+        for j, (i, key, parent, slot, gen, tag) in enumerate(plan):
             sg = bufs.segs[i]
             length = sum(s.nbytes for s in sg)
             csum = checksum(*sg)
             hdr = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
-            SlotHeader(gen, length, csum, slot, key, parent, uuid).pack_into(hdr)
-            entries.append(TableEntry(key, parent, gen, length, csum).pack())
+            SlotHeader(gen, length, csum, slot, key, parent, uuid).pack_into(hdr, tag)
+            entries.append(TableEntry(key, parent, gen, length, csum,
+                                      None if tag is None else tag_block_hash(tag)).pack())
             sums.append(csum)
             payload = self._direct_segments(sg, length)
             if payload is None:
@@ -280,6 +283,16 @@ def make_page_io(engine, geometry: Geometry, counters: StoreCounters) -> PageIO:
     return PythonPageIO(engine, geometry, counters)
 
 
+def read_slot_headers(engine, geometry: Geometry, slots: Sequence[int], size: int) -> List[Optional[memoryview]]:
+    """The first `size` bytes (a whole number of blocks) of each slot, in one parallel batch: per
+    slot a view, or None where the read failed or came back short."""
+    buf = aligned_buffer(size * len(slots))
+    ops = [IOOp(False, geometry.fd, geometry.slot_offset(s), [buf[j * size:(j + 1) * size]])
+           for j, s in enumerate(slots)]
+    res = engine.run(ops) if ops else []
+    return [buf[j * size:(j + 1) * size] if r >= size else None for j, r in enumerate(res)]
+
+
 def verify_slots(engine, geometry: Geometry, used: List[Tuple[int, TableEntry]], full: bool,
                  page_bytes: int) -> Set[int]:
     """Slots whose header (and, if full, payload) does not match their table entry (recovery's check)."""
@@ -288,13 +301,9 @@ def verify_slots(engine, geometry: Geometry, used: List[Tuple[int, TableEntry]],
     size = HEADER_BYTES + (align_up(page_bytes) if full else 0)
     for i in range(0, len(used), batch):
         part = used[i:i + batch]
-        buf = aligned_buffer(size * len(part))
-        ops = [IOOp(False, geometry.fd, geometry.slot_offset(s), [buf[j * size:(j + 1) * size]])
-               for j, (s, _e) in enumerate(part)]
-        res = engine.run(ops)
-        for j, ((slot, e), r) in enumerate(zip(part, res)):
-            view = buf[j * size:(j + 1) * size]
-            h = SlotHeader.unpack(view) if r >= size else None
+        views = read_slot_headers(engine, geometry, [s for s, _e in part], size)
+        for (slot, e), view in zip(part, views):
+            h = SlotHeader.unpack(view) if view is not None else None
             if not header_matches(h, slot, e.key, e.generation, e.length, e.checksum, geometry.uuid):
                 bad.add(slot)
             elif full and checksum(view[HEADER_BYTES:HEADER_BYTES + e.length]) != e.checksum:

@@ -192,7 +192,8 @@ class SlotTable:
             log.error("radixtier: %s: slot table update failed: %s", self._path, exc)
 
     # ------------------------------------------------------------------ a put
-    def plan_put(self, keys: List[bytes], parents: List[Optional[bytes]]) -> PutPlan:
+    def plan_put(self, keys: List[bytes], parents: List[Optional[bytes]],
+                 tags: Optional[List[Optional[bytes]]] = None) -> PutPlan:
         """In one lock hold: which keys are stored already (their use counts as recent), which
         repeat a key of this batch, and a slot and a generation for each other key -- a free slot
         or a leaves-first LRU victim's (the victim is gone from the index from here on). Stops at
@@ -217,11 +218,12 @@ class SlotTable:
                 if slot is None:
                     break
                 first_of[key] = i
-                writes.append((i, key, parents[i], slot, 0))
+                writes.append((i, key, parents[i], slot, 0, None if tags is None else tags[i]))
             if writes:
                 g = self._next_gen
                 self._next_gen += len(writes)
-                plan.writes = [(i, key, parent, slot, g + j) for j, (i, key, parent, slot, _g) in enumerate(writes)]
+                plan.writes = [(i, key, parent, slot, g + j, tag)
+                               for j, (i, key, parent, slot, _g, tag) in enumerate(writes)]
             if plan.already and plan.evicted:  # found stored, then a later key's victim: not stored after all
                 gone = set(plan.evicted)
                 for i, key in enumerate(keys):
@@ -273,7 +275,7 @@ class SlotTable:
             table_ok = False
         pages = nbytes = 0
         with self._lock:
-            for j, (i, key, parent, slot, gen) in enumerate(writes):
+            for j, (i, key, parent, slot, gen, _tag) in enumerate(writes):
                 if status[j] == ALL_OK and table_ok:
                     placed = (slot, gen, lengths[i], sums[j], parent)
                     self._order.add(key, parent)
@@ -475,6 +477,21 @@ class SlotTable:
         """(key, parent, (slot, generation, length, checksum)) of every held page, at one moment."""
         with self._lock:
             return [(key, s[_PARENT], s[:4]) for key, s in self._index.items()]
+
+    def table_copy(self) -> Tuple[bytes, int]:
+        """(a copy of this partition's slot table as committed, its first slot), at one moment."""
+        with self._lock:
+            return bytes(self._table), self._range.start
+
+    def held_at(self, keys: Sequence[bytes], places: Sequence[Tuple[int, int]]) -> List[bool]:
+        """Per page: whether keys[i] is held now at places[i] (slot, generation)."""
+        out = []
+        with self._lock:
+            index = self._index
+            for key, (slot, gen) in zip(keys, places):
+                s = index.get(key)
+                out.append(s is not None and s[_SLOT] == slot and s[_GEN] == gen)
+        return out
 
     def keys(self) -> List[bytes]:
         with self._lock:

@@ -71,6 +71,8 @@ class StoreCounters:
     io_errors: int = 0
     bounced: int = 0
     fenced_writes: int = 0
+    tags_named: int = 0  # pages router_tags() named (proven and still held)
+    tags_failed: int = 0  # tagged entries whose header or tag failed the proof when read back
 
     def as_dict(self) -> Dict[str, int]:
         return dict(self.__dict__)

@@ -30,16 +30,17 @@ import os
 from dataclasses import replace
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from radixtier.storage.api import BufferLike, LocationTuple, PageLocation, PutResult
+from radixtier.storage.api import BufferLike, LocationTuple, PageLocation, PutResult, RouterTag, TaggedPage
 from radixtier.storage.nvmeof.config import DEFAULT_COALESCE_BYTES, StoreConfig
 from radixtier.storage.nvmeof.gate import CallGate
 from radixtier.storage.nvmeof.io_engine import deadline_check_reason, make_engine
-from radixtier.storage.nvmeof.layout import ENTRY_BYTES, KEY_BYTES
+from radixtier.storage.nvmeof.layout import ENTRY_BYTES, KEY_BYTES, pack_tag
 from radixtier.storage.nvmeof.lease import PartitionLease
 from radixtier.storage.nvmeof.namespace import OpenedNamespace, format_namespace, open_namespace, read_superblock
 from radixtier.storage.nvmeof.page_io import Geometry, PageBuffers, make_page_io, verify_slots
 from radixtier.storage.nvmeof.slots import PutPlan, SlotTable
 from radixtier.storage.nvmeof.status import ALL_OK, NOT_RUN, StoreCounters, why
+from radixtier.storage.nvmeof.tags import announce_order, read_tags
 from radixtier.storage.nvmeof.target import read_aligned
 from radixtier.validate import node_id as validate_node_id
 
@@ -138,6 +139,7 @@ class NvmeofPageStore:
         self.counters = StoreCounters()
         geometry = Geometry.of(self._t.fd, sb, cfg.coalesce_bytes, self.direct)
         self._io = make_page_io(self._engine, geometry, self.counters)
+        self._io_geometry = geometry
         prev = lease.previous
         if prev is not None and prev.node_id != self.node_id:
             log.warning("radixtier: %s partition %d was owned by node %r; node %r takes it over",
@@ -219,24 +221,32 @@ class NvmeofPageStore:
 
     # ---------------------------------------------------------------- writes
     def put(self, keys: Sequence[bytes], buffers: Sequence[BufferLike],
-            parents: Optional[Sequence[Optional[bytes]]] = None) -> PutResult:
+            parents: Optional[Sequence[Optional[bytes]]] = None,
+            tags: Optional[Sequence[Optional[RouterTag]]] = None) -> PutResult:
         """Write pages; ok[i] is True once page i is durable and indexed (or was already stored).
-        The result names each stored page's location and each page evicted to make room, once."""
+        The result names each stored page's location and each page evicted to make room, once.
+        tags[i] (optional): what a KV-aware router calls page i -- (block hash, parent block hash or
+        None, token ids) -- written with it, so `router_tags` can name it after a restart; ValueError
+        for a hash outside int64. A page already stored keeps the tag it was written with."""
         with self._gate.call(self.path):
             keys = _check_keys(keys)
             if len(buffers) != len(keys):
                 raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
             if parents is not None and len(parents) != len(keys):
                 raise ValueError(f"put: {len(keys)} keys but {len(parents)} parents")
+            if tags is not None and len(tags) != len(keys):
+                raise ValueError(f"put: {len(keys)} keys but {len(tags)} tags")
             parent_keys = [None] * len(keys) if parents is None else [None if p is None else _check_key(p)
                                                                       for p in parents]
+            packed = None if tags is None else [None if t is None else pack_tag(t) for t in tags]
             bufs = self._io.buffers(buffers, writable=False)
             try:
-                return self._put(keys, bufs, parent_keys)
+                return self._put(keys, bufs, parent_keys, packed)
             finally:
                 bufs.close()
 
-    def _put(self, keys: List[bytes], bufs: PageBuffers, parent_keys: List[Optional[bytes]]) -> PutResult:
+    def _put(self, keys: List[bytes], bufs: PageBuffers, parent_keys: List[Optional[bytes]],
+             tags: Optional[List[Optional[bytes]]]) -> PutResult:
         lengths = bufs.lengths()
         for k, n in zip(keys, lengths):
             if n > self.page_bytes or n == 0:
@@ -246,7 +256,7 @@ class NvmeofPageStore:
             self.counters.fenced_writes += len(keys)
             return PutResult([False] * len(keys))
         slots = self._slots
-        plan = slots.plan_put(keys, parent_keys)
+        plan = slots.plan_put(keys, parent_keys, tags)
         if plan.writes:
             try:
                 self._write(bufs, lengths, plan)
@@ -362,6 +372,42 @@ class NvmeofPageStore:
     def read_location(self, location: Union[PageLocation, LocationTuple], key: bytes, buffer: BufferLike) -> bool:
         """read_locations for one page (tools and tests; serving paths read a batch)."""
         return self.read_locations([location], [key], [buffer])[0]
+
+    # ---------------------------------------------------------------- router tags
+    def router_tags(self, batch_pages: int = 256) -> Iterator[List[TaggedPage]]:
+        """What this partition holds, as a KV-aware router names it: batches of at most
+        `batch_pages` pages, each (key, block hash, parent block hash or None, token ids), parents
+        before children (tags.announce_order), for the pages written with a tag.
+
+        Each page is proven before it is named (tags.read_tags: its slot header names it and holds a
+        sound tag), and after its batch's header reads the partition must still hold it at that slot
+        and generation: a page evicted or found damaged meanwhile is never named. The order is taken
+        from a copy of the slot table made at the first batch; pages written later are not in it
+        (whoever writes them announces them). Counts `tags_named` and `tags_failed`. Ends early, quietly,
+        once the store closes. The slot lock is held for the table copy and one check per batch;
+        no lock is held across a read or a yield."""
+        if batch_pages < 1:
+            raise ValueError(f"batch_pages: expected a positive integer, got {batch_pages}")
+        try:
+            with self._gate.call(self.path):
+                table, first = self._slots.table_copy()
+                order = announce_order(table, first)
+        except RuntimeError:  # closed
+            return
+        geometry = self._io_geometry
+        for i in range(0, len(order), batch_pages):
+            part = order[i:i + batch_pages].tolist()
+            try:
+                with self._gate.call(self.path):
+                    pages, places, failed = read_tags(self._engine, geometry, table, first, part)
+                    held = self._slots.held_at([p[0] for p in pages], places)
+            except RuntimeError:  # closed while announcing
+                return
+            named = [p for p, h in zip(pages, held) if h]
+            self.counters.tags_named += len(named)
+            self.counters.tags_failed += failed
+            if named:
+                yield named
 
     # ---------------------------------------------------------------- closing
     def close(self, timeout: float = 30.0) -> None:

@@ -75,6 +75,7 @@ class BackendConfig:
     kv_events_replay_endpoint: str = ""  # optional ROUTER endpoint serving missed batches
     kv_events_topic: str = "radixtier"
     kv_events_token_wait_s: float = 2.0  # how long a backed-up page waits for SGLang to tell its tokens
+    kv_events_heartbeat_s: float = 5.0  # an empty batch after this long without one (0 = none): late subscribers see the gap
 
     @classmethod
     def keys(cls) -> frozenset:
@@ -140,6 +141,8 @@ class BackendConfig:
             validate.positive_int("partitions", self.partitions, MAX_PARTITIONS)
             validate.node_id("node_id", self.node_id, NODE_ID_BASE_BYTES)
             validate.positive_seconds("kv_events_token_wait_s", self.kv_events_token_wait_s, 0.01, 600.0)
+            if self.kv_events_heartbeat_s != 0:
+                validate.positive_seconds("kv_events_heartbeat_s", self.kv_events_heartbeat_s, 0.1, 3600.0)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):

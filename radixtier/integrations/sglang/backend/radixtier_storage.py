@@ -40,7 +40,7 @@ from radixtier.integrations.sglang.events.link import EventsLink
 from radixtier.integrations.sglang.backend.host_pools import host_regions, pool_format, pool_slots
 from radixtier.integrations.sglang.backend.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
 from radixtier.prometheus import MetricsReporter
-from radixtier.storage.api import PageSegments
+from radixtier.storage.api import PageSegments, RouterTag
 from radixtier.storage.client import TierClient
 
 log = logging.getLogger("radixtier.sglang")
@@ -133,7 +133,7 @@ class RadixTierStorage(HiCacheStorage):
                 if self.storage_config.enable_storage_metrics:  # SGLang's --enable-metrics
                     # created here, in the scheduler process, after SGLang set PROMETHEUS_MULTIPROC_DIR
                     self._prom = MetricsReporter(self.node_id, store.partition, self.rank.rank_index())
-                self._events = EventsLink(self.config, self.rank, self._block_size)
+                self._events = EventsLink(self.config, self.rank, self._block_size, store.router_tags)
                 self._register_host_memory(store)
                 self._client = TierClient(store, index)
                 log.info("radixtier: %s partition %d open: %d/%d pages, io %s, O_DIRECT %s", self.config.path,
@@ -229,7 +229,8 @@ class RadixTierStorage(HiCacheStorage):
                 return self._skip_not_writer(len(keys))
             chain = self.keys.chain(keys, None, self._format(KV_POOL), FLAT)
             chain.parents = [None] * len(keys)  # a legacy batch is not promised to be one chain
-            ok = self._write(KV_POOL, chain, [host_tensor(v) for v in values])
+            tags = None if self._events is None else self._events.tags_for(keys, None, chained=False)
+            ok = self._write(KV_POOL, chain, [host_tensor(v) for v in values], tags)
             if self._events is not None:
                 self._events.stored(keys, None, chain.keys, ok, chained=False)
             return ok
@@ -351,9 +352,11 @@ class RadixTierStorage(HiCacheStorage):
             return self._skip_not_writer(len(keys))
         bufs, _ = self._page_buffers(name, pool, host_indices, len(keys), interface, for_read=False)
         chain = self.keys.chain(keys, prefix, self._format(name), interface, continues)
-        ok = self._write(name, chain, bufs)
-        if self._events is not None and name == KV_POOL:
-            self._events.stored(keys, prefix[-1] if prefix and continues else None, chain.keys, ok)
+        events = self._events if name == KV_POOL else None
+        parent_key = prefix[-1] if prefix and continues else None
+        ok = self._write(name, chain, bufs, None if events is None else events.tags_for(keys, parent_key))
+        if events is not None:
+            events.stored(keys, parent_key, chain.keys, ok)
         return ok
 
     def _skip_not_writer(self, n: int) -> List[bool]:
@@ -415,10 +418,11 @@ class RadixTierStorage(HiCacheStorage):
             prom.sync_store(client.stats())
         return res.ok
 
-    def _write(self, pool: str, chain: Chain, bufs: List[Any]) -> List[bool]:
+    def _write(self, pool: str, chain: Chain, bufs: List[Any],
+               tags: Optional[List[Optional[RouterTag]]] = None) -> List[bool]:
         client = self._ensure_open()
         t0 = time.perf_counter()
-        out = client.write(chain.root, chain.keys, bufs, chain.parents)
+        out = client.write(chain.root, chain.keys, bufs, chain.parents, tags)
         res = out.put
         n_ok = sum(res.ok)
         self._stats.add(pages_written=res.written, pages_already_stored=res.already_stored,
