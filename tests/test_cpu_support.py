@@ -68,6 +68,38 @@ try:
 except ImportError as exc:
     facts["standin_submodule"] = type(exc).__name__
 facts["standin_other_name"] = hasattr(sgl_kernel, "scalar_types")
+# patch 5: a sliding-window layer whose slots differ between the full and the SWA pool (as after a
+# host or tier-3 load): a request's tokens sit at full slots 5..12, SWA slots 0..7
+import types
+from sglang.srt.layers.attention import torch_native_backend as tnb
+g = torch.Generator().manual_seed(0)
+class SwaPool:
+    layers_mapping = {0: (0, True)}
+    def __init__(self):
+        self.k, self.v = torch.zeros(16, 1, 4), torch.zeros(16, 1, 4)
+        self.k[:8], self.v[:8] = torch.randn(8, 1, 4, generator=g), torch.randn(8, 1, 4, generator=g)
+        self.full_to_swa = torch.full((64,), -1, dtype=torch.int64)
+        self.full_to_swa[5:13] = torch.arange(8)
+    def translate_loc_from_full_to_swa(self, loc):
+        return self.full_to_swa[loc.long()]
+    def get_key_buffer(self, layer_id):
+        return self.k
+    def get_value_buffer(self, layer_id):
+        return self.v
+backend = tnb.TorchNativeAttnBackend.__new__(tnb.TorchNativeAttnBackend)
+backend.token_to_kv_pool, backend.use_sliding_window_kv_pool, backend.swa_out_cache_loc = SwaPool(), True, None
+req_to_token = torch.zeros(2, 32, dtype=torch.int32)
+req_to_token[1, :8] = torch.arange(5, 13)
+backend.req_to_token_pool = types.SimpleNamespace(req_to_token=req_to_token)
+layer = types.SimpleNamespace(layer_id=0, tp_q_head_num=1, tp_k_head_num=1, qk_head_dim=4, v_head_dim=4, scaling=0.5,
+                              is_cross_attention=False, sliding_window_size=128)
+batch = types.SimpleNamespace(out_cache_loc=None, req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([8]),
+                              encoder_lens=None)
+q = torch.randn(1, 4, generator=g)
+out = backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False)
+pool = backend.token_to_kv_pool
+want = torch.softmax((pool.k[:8, 0] @ q[0]) * 0.5, dim=0) @ pool.v[:8, 0]
+facts["swa_decode_reads_swa_slots"] = bool(torch.allclose(out[0], want, atol=1e-5))
 print(json.dumps(facts))
 '''
 
@@ -99,11 +131,12 @@ def test_without_the_standin_sglangs_cpu_engine_cannot_import_its_memory_pool(pr
     assert facts["memory_pool"] == "ModuleNotFoundError: No module named 'sgl_kernel'"
 
 
-def test_without_patches_2_to_4_each_reason_holds(probes):
+def test_without_patches_2_to_5_each_reason_holds(probes):
     facts = probes["standin only"]
     assert facts["copy_ops"] == {n: None for n in cpu_support.COPY_OPS}  # patch 2: imported on CUDA/HIP only
     assert "NVIDIA driver" in facts["host_pool"]  # patch 3: the host pool is built pinned
     assert facts["use_pynccl"] is True  # patch 4: PyNccl by default, even on the CPU
+    assert facts["swa_decode_reads_swa_slots"] is False  # patch 5: SWA layers read with full-pool slots
 
 
 def test_with_every_patch_sglangs_cpu_path_builds(probes):
@@ -111,6 +144,7 @@ def test_with_every_patch_sglangs_cpu_path_builds(probes):
     assert facts["copy_ops"] == {n: cpu_support.__name__ for n in cpu_support.COPY_OPS}
     assert facts["host_pool"]["pinned"] is False
     assert facts["use_pynccl"] is False
+    assert facts["swa_decode_reads_swa_slots"] is True
     assert "radixtier's CPU stand-in has no kernels" in facts["standin_call"]  # never called on this path
     assert facts["standin_submodule"] == "ModuleNotFoundError"  # SGLang's own fallbacks take over
     assert facts["standin_other_name"] is False

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import time
-from typing import Dict, Iterator
+from typing import Iterator
 
 import pytest
 import requests
@@ -35,6 +35,7 @@ from radixtier.integrations.sglang.launch.server import (SGLangServer, ServerSta
                                                   radixtier_args, start_together)
 from radixtier.native_dtype import resolve_dtype  # noqa: E402
 from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402
+from radixtier.testing.server_checks import LOGPROB_TOL, explained, passes, same_outputs, storage_tokens  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
 
@@ -42,7 +43,6 @@ DEVICE = "cuda" if cuda_present() else "cpu"
 # KV bytes per token relative to bf16: the toy computes in fp32 where the CPU has no native bf16
 KV_SCALE = 2 if DEVICE == "cpu" and resolve_dtype("auto")[0] == "float32" else 1
 CAPACITY = f"{256 * KV_SCALE}MiB"  # 8 partitions of 192 pages (12,288 tokens) in either dtype
-LOGPROB_TOL = 0.01
 # 64-token pages; a device pool of 6,144 tokens (about three of the chat's prompts) so SGLang evicts
 # and write_back has something to write; metrics and per-tier cache reports on
 COMMON = ["--page-size", "64", "--max-total-tokens", "6144", "--enable-cache-report", "--enable-metrics",
@@ -64,28 +64,8 @@ def model(tmp_path_factory):
     return write_model(str(tmp_path_factory.getbasetemp() / "toy-llama"))
 
 
-@contextlib.contextmanager
-def explained(*servers: SGLangServer) -> Iterator[None]:
-    """An assertion that fails carries the servers' log tails."""
-    try:
-        yield
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n" + "\n".join(s.log_tail(40) for s in servers)) from None
-
-
 def server(model, workdir, name: str, args, **kw) -> SGLangServer:
     return SGLangServer(model, COMMON + list(args), log_path=str(workdir / f"{name}.log"), device=DEVICE, **kw)
-
-
-def passes(s: SGLangServer, workload) -> Dict[str, http_load.Run]:
-    """The workload cold, then again after /flush_cache (device and host emptied; tier 3 kept)."""
-    cold = http_load.replay(s.url, workload)
-    s.flush_cache()
-    return {"cold": cold, "flushed": http_load.replay(s.url, workload)}
-
-
-def storage_tokens(run: http_load.Run) -> int:
-    return sum(r.cached.get("storage", 0) for r in run.replies)
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -122,11 +102,6 @@ def wait_for_index(redis_url: str, node: str, at_least: float, timeout_s: float 
             return
         time.sleep(0.1)
     raise AssertionError(f"the index names {n} pages of {node} after {timeout_s} s, expected >= {at_least}")
-
-
-def same_outputs(reference_run: http_load.Run, run: http_load.Run) -> None:
-    bad = http_load.compare(reference_run, run, LOGPROB_TOL)
-    assert not bad, "outputs differ from the server without L3:\n" + "\n".join(bad[:10])
 
 
 # ---------------------------------------------------------------- (e) a bad extra_config fails the launch

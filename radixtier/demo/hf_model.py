@@ -1,4 +1,5 @@
-"""A tiny random Llama written as a Hugging Face model folder, for SGLang's real server to load.
+"""A tiny random Llama (or hybrid-SWA Mellum) written as a Hugging Face model folder, for SGLang's
+real server to load.
 
 No download: `config.json`, a character-level `tokenizer.json` (one token per printable ASCII
 character, so a prompt of N characters is about N tokens and page counts are easy to reason
@@ -23,6 +24,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\
                  "{% if add_generation_prompt %}<s>assistant: {% endif %}")
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>")
 FORMAT = 2  # bumped whenever what write_model writes changes, so an old folder is rewritten
+FAMILIES = ("llama", "mellum")
 CHARACTERS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 
 
@@ -38,6 +40,11 @@ class HFModelSpec:
     intermediate: int = 1024
     max_positions: int = 32768
     seed: int = 0
+    # "llama"; or "mellum": SGLang's hybrid sliding-window model (MellumForCausalLM), its layers
+    # alternating sliding (window `sliding_window` tokens) and full attention, dense MLPs -- SGLang
+    # then keeps an SWA sidecar pool beside the KV pool and calls the storage backend's v2 interface
+    family: str = "llama"
+    sliding_window: int = 128
 
     def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
         """K and V of every layer for one token, computed (and cached) in `dtype`."""
@@ -69,9 +76,10 @@ def write_model(folder: str, spec: HFModelSpec = HFModelSpec()) -> str:
                 return folder
     except (OSError, ValueError):
         pass
+    if spec.family not in FAMILIES:
+        raise ValueError(f"family: expected one of {', '.join(FAMILIES)}, got {spec.family!r}")
     import torch
     from tokenizers import AddedToken, Tokenizer, decoders, models
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     os.makedirs(folder, exist_ok=True)
     vocab = _tokenizer_vocab()
@@ -83,13 +91,23 @@ def write_model(folder: str, spec: HFModelSpec = HFModelSpec()) -> str:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
                    "pad_token": "<pad>", "model_max_length": spec.max_positions, "chat_template": CHAT_TEMPLATE,
                    "add_bos_token": False}, f)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-                      num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                      num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
-                      max_position_embeddings=spec.max_positions, rope_theta=10000.0, bos_token_id=vocab["<s>"],
-                      eos_token_id=vocab["</s>"], pad_token_id=vocab["<pad>"], tie_word_embeddings=False)
+    common = dict(vocab_size=len(vocab), hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                  num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                  head_dim=spec.head_dim, max_position_embeddings=spec.max_positions, bos_token_id=vocab["<s>"],
+                  eos_token_id=vocab["</s>"], pad_token_id=vocab["<pad>"], tie_word_embeddings=False)
     torch.manual_seed(spec.seed)
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    if spec.family == "mellum":
+        from transformers import MellumConfig, MellumForCausalLM
+
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.layers)]
+        cfg = MellumConfig(**common, sliding_window=spec.sliding_window, layer_types=kinds,
+                           mlp_layer_types=["dense"] * spec.layers)
+        model = MellumForCausalLM(cfg)
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0))
+    model.to(torch.bfloat16).save_pretrained(folder)
     with open(stamp, "w") as f:
         json.dump(written, f)
     return folder

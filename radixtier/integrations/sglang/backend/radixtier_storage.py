@@ -36,6 +36,7 @@ from radixtier.integrations.sglang.backend.arguments import (ArgumentError, Refu
 from radixtier.integrations.sglang.backend.attach import index_node_id, open_index, open_partition
 from radixtier.integrations.sglang.backend.config import BackendConfig, ConfigError, shown_size
 from radixtier.integrations.sglang.backend.counters import BackendCounters
+from radixtier.integrations.sglang.backend.diagnosis import already_stored_cause, prefetch_policy
 from radixtier.integrations.sglang.events.link import EventsLink
 from radixtier.integrations.sglang.backend.host_pools import host_regions, pool_format, pool_slots
 from radixtier.integrations.sglang.backend.keys import KV_POOL, Chain, KeyMapper, PoolFormat, RankIdentity, leading_true
@@ -445,17 +446,17 @@ class RadixTierStorage(HiCacheStorage):
         return list(res.ok)
 
     def _note_already_stored(self, pages: int) -> None:
-        """SGLang backs up only what its tree does not know to be in storage, so a backup of pages
-        tier 3 already holds means SGLang computed KV it could have loaded: its prefetch was cut
-        short (policy best_effort drops a read still in flight when the request is scheduled) or the
-        hit was below its prefetch_threshold. Said once; counted always."""
+        """A backup of pages tier 3 already holds: SGLang computed KV it could have loaded. Said once,
+        with its likely cause (diagnosis.py); counted always."""
         if self._warned_already_stored:
             return
         self._warned_already_stored = True
-        log.warning("radixtier: SGLang asked to back up %d page(s) tier 3 already holds: it recomputed KV it "
-                    "could have loaded (a prefetch dropped before its read landed -- "
-                    "--hicache-storage-prefetch-policy best_effort -- or a hit under prefetch_threshold); "
-                    "counted in radixtier:backup_already_stored_pages_total", pages)
+        extra = self.storage_config.extra_config or {}
+        threshold = extra.get("prefetch_threshold")
+        cause = already_stored_cause(self.registered_pools, prefetch_policy(),
+                                     threshold if isinstance(threshold, int) else None)
+        log.warning("radixtier: SGLang asked to back up %d page(s) tier 3 already holds: it recomputed KV it could "
+                    "have loaded: %s; counted in radixtier:backup_already_stored_pages_total", pages, cause)
 
     @staticmethod
     def _page_nbytes(buf) -> int:

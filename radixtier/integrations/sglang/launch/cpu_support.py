@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's real server on a machine with no CUDA: the four patches it needs, each for a named reason.
+"""SGLang 0.5.23's real server on a machine with no CUDA: the patches it needs, each for a named reason.
 
 On a GPU node none of this is loaded (`install()` refuses where CUDA is present). Here, on CPU-only
 machines, it lets the real `sglang.launch_server` -- its HTTP server, scheduler and detokenizer
@@ -24,6 +24,16 @@ and demo go through the path users run. Each patch is as small as SGLang allows,
 4. **No PyNccl for TP > 1.** `init_model_parallel_group` defaults to PyNccl on every platform but
    NPU/XPU ("Expected a cuda device"); on the CPU it is told `use_pynccl=False` (gloo carries the
    collectives). Each rank also needs its own cores: `SGLANG_CPU_OMP_THREADS_BIND` (the launcher sets it).
+5. **Sliding-window layers read their own pool's slots.** For hybrid-SWA models (Mellum, Gemma,
+   ...) SGLang keeps sliding-window layers' KV in a smaller SWA pool whose slot numbers differ from
+   the full pool's; `req_to_token` holds full-pool numbers. `torch_native_backend.py` writes SWA
+   layers at the translated slots (`swa_out_cache_loc`) but reads them with the untranslated ones
+   (`_run_sdpa_forward_extend` / `_run_sdpa_forward_decode` never call
+   `translate_loc_from_full_to_swa`; the Intel AMX backend does, `_swa_kv_indices`). The two agree
+   only while both allocators stay in step: after a host or tier-3 load they do not, and greedy
+   answers changed (logprob difference 0.24 on Mellum; an index past the SWA pool can raise). For
+   SWA layers the batch's rows of `req_to_token` are translated before the read, as the AMX
+   backend does.
 
 The patches are applied as their modules are imported (an import hook), in every SGLang process:
 `python -m radixtier.integrations.sglang.cpu_server` runs `sglang.launch_server` after `install()`,
@@ -57,6 +67,7 @@ COPY_OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfe
 HOST_POOL_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla")
 ASSEMBLER_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
+TORCH_NATIVE_MODULE = "sglang.srt.layers.attention.torch_native_backend"
 
 
 class CudaPresentError(RuntimeError):
@@ -150,12 +161,62 @@ def _patch_parallel_state(module: types.ModuleType) -> None:
     module.init_model_parallel_group = init_model_parallel_group
 
 
+# ---------------------------------------------------------------- patch 5: SWA layers read SWA slots
+def swa_rows(pool: Any, layer_id: int, req_to_token: Any, req_pool_indices: Any, seq_lens: Any):
+    """(req_to_token, req_pool_indices) for reading layer `layer_id` of `pool`: unchanged for a full
+    layer; for a sliding-window layer of an SWAKVPool, the batch's rows translated to SWA slots and
+    indices 0..n-1 addressing them (what the AMX backend's `_swa_kv_indices` does)."""
+    import torch
+
+    mapping = getattr(pool, "layers_mapping", None)
+    if not mapping or not mapping[layer_id][1] or len(req_pool_indices) == 0:
+        return req_to_token, req_pool_indices
+    rows = req_to_token[req_pool_indices, : int(seq_lens.max())]
+    translated = pool.translate_loc_from_full_to_swa(rows).to(req_to_token.dtype)
+    return translated, torch.arange(translated.shape[0], dtype=req_pool_indices.dtype,
+                                    device=req_pool_indices.device)
+
+
+def _patch_torch_native(module: types.ModuleType) -> None:
+    cls = module.TorchNativeAttnBackend
+    if getattr(cls, "_radixtier_swa_rows", False):
+        return
+    run_extend, run_decode = cls._run_sdpa_forward_extend, cls._run_sdpa_forward_decode
+    forward_extend, forward_decode = cls.forward_extend, cls.forward_decode
+
+    def with_layer(forward):
+        def wrapped(self, q, k, v, layer, forward_batch, *args, **kwargs):
+            self._radixtier_layer = layer.layer_id if self.use_sliding_window_kv_pool else None
+            try:
+                return forward(self, q, k, v, layer, forward_batch, *args, **kwargs)
+            finally:
+                self._radixtier_layer = None
+        wrapped.__name__ = forward.__name__
+        return wrapped
+
+    def with_swa_rows(run):
+        def wrapped(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, *args, **kwargs):
+            layer_id = getattr(self, "_radixtier_layer", None)
+            if layer_id is not None:
+                req_to_token, req_pool_indices = swa_rows(self.token_to_kv_pool, layer_id, req_to_token,
+                                                          req_pool_indices, seq_lens)
+            return run(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                       *args, **kwargs)
+        wrapped.__name__ = run.__name__
+        return wrapped
+
+    cls.forward_extend, cls.forward_decode = with_layer(forward_extend), with_layer(forward_decode)
+    cls._run_sdpa_forward_extend, cls._run_sdpa_forward_decode = with_swa_rows(run_extend), with_swa_rows(run_decode)
+    cls._radixtier_swa_rows = True
+
+
 # patch name -> {module: what to do to it once it is imported}; "sgl_kernel" is the stand-in (no module patch)
 PATCHES: Dict[str, Dict[str, Callable[[types.ModuleType], None]]] = {
     "sgl_kernel": {},
     "copy_ops": {name: _patch_host_pool_module for name in HOST_POOL_MODULES},
     "unpinned_host_pool": {ASSEMBLER_MODULE: _patch_assembler},
     "no_pynccl": {PARALLEL_STATE_MODULE: _patch_parallel_state},
+    "swa_rows": {TORCH_NATIVE_MODULE: _patch_torch_native},
 }
 
 

@@ -1,0 +1,83 @@
+"""Hybrid models through SGLang's real server with radixtier as L3: the KV pool through the v1
+calls and the sidecar pools (here Mellum's sliding-window pool) through HiCache's v2 calls, as users
+now run them. Greedy outputs are compared with the same server without L3 (tokens equal, logprobs
+within 0.01), after a /flush_cache and after a restart on the same namespace.
+
+Mellum (SGLang's `MellumForCausalLM`): a tiny random model whose 4 layers alternate sliding-window
+(128 tokens) and full attention, dense MLPs. SGLang keeps the sliding layers' KV in an SWA pool and
+HiCache backs it up page by page beside the KV pool (`batch_set_v2` / `batch_get_v2`, pool `swa`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtier.testing.skips import require_sglang
+
+require_sglang("uvicorn")
+require_sglang("sglang.srt.mem_cache.hicache_storage")
+
+from radixtier.demo import http_load  # noqa: E402
+from radixtier.demo.hf_model import HFModelSpec, write_model  # noqa: E402
+from radixtier.integrations.sglang.launch.cpu_support import cuda_present  # noqa: E402
+from radixtier.integrations.sglang.launch.server import (SGLangServer, hicache_args, radixtier_args,  # noqa: E402
+                                                         start_together)
+from radixtier.native_dtype import resolve_dtype  # noqa: E402
+from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402
+from radixtier.testing.server_checks import explained, passes, same_outputs, storage_tokens  # noqa: E402
+
+pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
+
+DEVICE = "cuda" if cuda_present() else "cpu"
+KV_SCALE = 2 if DEVICE == "cpu" and resolve_dtype("auto")[0] == "float32" else 1
+MELLUM = HFModelSpec(family="mellum", sliding_window=128)
+# a device pool of 4,096 tokens; SGLang sizes the SWA pool from it
+ARGS = ["--page-size", "64", "--max-total-tokens", "4096", "--max-running-requests", "4", "--enable-cache-report",
+        "--enable-metrics", "--log-level", "info"]
+# prompts well past the 128-token window: a load must bring each sliding layer's last window back
+CHAT = http_load.multi_turn_chat(sessions=2, turns=3, system_chars=900, user_chars=150, reply_chars=80, seed=41)
+
+
+@pytest.fixture(scope="module")
+def mellum(tmp_path_factory):
+    """The reference (no L3) and a radixtier server, started together; the reference's outputs are
+    recorded while radixtier's waits paused, then the reference stops."""
+    base = tmp_path_factory.getbasetemp()
+    model = write_model(str(base / "toy-mellum"), MELLUM)
+    work = tmp_path_factory.mktemp("mellum")
+    ref = SGLangServer(model, ARGS + hicache_args(extra_config=None, backend="", device=DEVICE),
+                       log_path=str(work / "reference.log"), device=DEVICE)
+    ns = str(work / "ns.img")
+    rt = SGLangServer(model, ARGS + radixtier_args(ns, capacity=f"{128 * KV_SCALE}MiB", device=DEVICE),
+                      log_path=str(work / "radixtier.log"), device=DEVICE)
+    start_together([ref, rt])
+    try:
+        rt.pause()
+        with explained(ref):
+            out = passes(ref, CHAT)
+        ref.stop()
+        rt.resume()
+        yield out, rt, ns
+    finally:
+        ref.stop()
+        rt.stop()
+
+
+def test_mellum_chat_after_flush_and_restart_loads_kv_and_swa_pages_with_the_same_outputs(mellum):
+    """Mellum through SGLang's real server: after /flush_cache and after a restart on the same
+    namespace, prompts come partly from tier 3 (KV pages through the v1 calls, the sliding-window
+    sidecar through v2) and every greedy answer equals the server without L3; every page verifies."""
+    reference, s, ns = mellum
+    with explained(s):
+        runs = passes(s, CHAT)
+        same_outputs(reference["cold"], runs["cold"])
+        assert storage_tokens(runs["cold"]) == 0
+        assert storage_tokens(runs["flushed"]) > 0, [r.cached for r in runs["flushed"].replies]
+        same_outputs(reference["flushed"], runs["flushed"])
+        s.stop()
+        report = inspect_namespace(ns, verify=True)
+        assert report["used"] > 0 and report["errors"] == [], report["errors"][:5]
+        s.start()  # the same namespace: tier 3 (KV and SWA pages) survives the process
+        again = http_load.replay(s.url, CHAT)
+        assert storage_tokens(again) > 0, [r.cached for r in again.replies]
+        same_outputs(reference["flushed"], again)
