@@ -24,7 +24,8 @@ from radixtier.integrations.sglang.launch.server import (SGLangServer, hicache_a
                                                          start_together)
 from radixtier.native_dtype import resolve_dtype  # noqa: E402
 from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402
-from radixtier.testing.server_checks import explained, passes, same_outputs, storage_tokens  # noqa: E402
+from radixtier.testing.server_checks import (explained, passes, same_outputs, storage_tokens,  # noqa: E402
+                                             wait_for_backups)
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
 
@@ -81,3 +82,46 @@ def test_mellum_chat_after_flush_and_restart_loads_kv_and_swa_pages_with_the_sam
         again = http_load.replay(s.url, CHAT)
         assert storage_tokens(again) > 0, [r.cached for r in again.replies]
         same_outputs(reference["flushed"], again)
+
+
+def corrupt_every_other_page(ns: str) -> int:
+    """Flip one payload byte in every other used slot of the namespace (KV and SWA pages alike, as
+    they interleave): a sidecar page corrupt while its KV page is sound, and the reverse."""
+    from radixtier.storage.nvmeof.layout import ENTRY_BYTES, HEADER_BYTES, TableEntry
+    from radixtier.storage.nvmeof.namespace import read_superblock
+
+    sb = read_superblock(ns)
+    with open(ns, "r+b") as f:
+        f.seek(sb.table_offset)
+        table = f.read(sb.slot_count * ENTRY_BYTES)
+        used = [i for i in range(sb.slot_count) if TableEntry.unpack(table[i * ENTRY_BYTES:(i + 1) * ENTRY_BYTES])]
+        for slot in used[::2]:
+            offset = sb.slot_offset(slot) + HEADER_BYTES + 100
+            f.seek(offset)
+            b = f.read(1)
+            f.seek(offset)
+            f.write(bytes([b[0] ^ 0xFF]))
+    return len(used[::2])
+
+
+def test_mellum_with_half_its_kv_and_swa_pages_corrupt_serves_the_same_outputs_and_keeps_prefetching(mellum):
+    """Every other tier-3 page damaged while the server is down (a sliding-window page bad beside a
+    sound KV page, and the reverse): each load is a shorter hit or a miss (SGLang discards a hybrid
+    prefetch whose SWA pages did not all come), the answers stay the reference's, and the prefetch
+    path keeps working: once SGLang backed the pages up again, a flush later they load from tier 3."""
+    reference, s, ns = mellum
+    with explained(s):
+        http_load.replay(s.url, CHAT)  # in tier 3, whichever case ran before
+        wait_for_backups(s)
+        s.stop()
+        assert corrupt_every_other_page(ns) > 0
+        s.start()
+        damaged = http_load.replay(s.url, CHAT)
+        same_outputs(reference["flushed"], damaged)
+        s.flush_cache()
+        again = http_load.replay(s.url, CHAT)  # SGLang still believed the freed pages stored: misses, then
+        same_outputs(reference["flushed"], again)  # it drops that belief and backs the pages up again
+        s.flush_cache()
+        healed = http_load.replay(s.url, CHAT)
+        assert storage_tokens(healed) > 0, [r.cached for r in healed.replies]
+        same_outputs(reference["flushed"], healed)

@@ -35,7 +35,8 @@ from radixtier.integrations.sglang.launch.server import (SGLangServer, ServerSta
                                                   radixtier_args, start_together)
 from radixtier.native_dtype import resolve_dtype  # noqa: E402
 from radixtier.storage.nvmeof.inspect import inspect_namespace  # noqa: E402
-from radixtier.testing.server_checks import LOGPROB_TOL, explained, passes, same_outputs, storage_tokens  # noqa: E402
+from radixtier.testing.server_checks import (LOGPROB_TOL, explained, metric, passes, same_outputs,  # noqa: E402
+                                             storage_tokens, wait_for_backups)
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server]
 
@@ -66,27 +67,6 @@ def model(tmp_path_factory):
 
 def server(model, workdir, name: str, args, **kw) -> SGLangServer:
     return SGLangServer(model, COMMON + list(args), log_path=str(workdir / f"{name}.log"), device=DEVICE, **kw)
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples (over label sets) whose labels include `labels` (prometheus_client's parser)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
-
-
-def wait_for_backups(s: SGLangServer, at_least: float = 1, timeout_s: float = 60) -> float:
-    """Pages tier 3 holds, once SGLang's backup thread has written at least `at_least` and the count
-    held still over a second (a backup follows its request's write-through within milliseconds);
-    fails the test after timeout_s."""
-    deadline, seen = time.monotonic() + timeout_s, []
-    while time.monotonic() < deadline:
-        seen.append(metric(s.metrics(), "radixtier:storage_used_pages"))
-        if seen[-1] >= at_least and len(seen) >= 5 and len(set(seen[-5:])) == 1:
-            return seen[-1]
-        time.sleep(0.25)
-    raise AssertionError(f"tier 3 did not settle at >= {at_least} pages within {timeout_s} s: {seen[-10:]}")
 
 
 def wait_for_index(redis_url: str, node: str, at_least: float, timeout_s: float = 30) -> None:

@@ -5,6 +5,7 @@ reports from storage; greedy outputs compared with the same server without L3.""
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Dict, Iterator
 
 from radixtier.demo import http_load
@@ -37,3 +38,24 @@ def same_outputs(reference_run: http_load.Run, run: http_load.Run, tol: float = 
     """Output tokens equal, per-token logprobs within `tol`, or AssertionError listing the differences."""
     bad = http_load.compare(reference_run, run, tol)
     assert not bad, "outputs differ from the server without L3:\n" + "\n".join(bad[:10])
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (over label sets) whose labels include `labels` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def wait_for_backups(s: SGLangServer, at_least: float = 1, timeout_s: float = 60) -> float:
+    """Pages tier 3 holds, once SGLang's backup thread has written at least `at_least` and the count
+    held still over a second (a backup follows its request's write-through within milliseconds);
+    fails the test after timeout_s."""
+    deadline, seen = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        seen.append(metric(s.metrics(), "radixtier:storage_used_pages"))
+        if seen[-1] >= at_least and len(seen) >= 5 and len(set(seen[-5:])) == 1:
+            return seen[-1]
+        time.sleep(0.25)
+    raise AssertionError(f"tier 3 did not settle at >= {at_least} pages within {timeout_s} s: {seen[-10:]}")
