@@ -100,6 +100,17 @@ out = backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False)
 pool = backend.token_to_kv_pool
 want = torch.softmax((pool.k[:8, 0] @ q[0]) * 0.5, dim=0) @ pool.v[:8, 0]
 facts["swa_decode_reads_swa_slots"] = bool(torch.allclose(out[0], want, atol=1e-5))
+# patch 6: LFM2's short convolutions (SGLang's only CPU path is Triton) and the Mamba host pool's copies
+import sglang.srt.mem_cache.pool_host.mamba as mamba_host
+facts["mamba_copy_ops"] = {n: getattr(vars(mamba_host).get(n), "__module__", None) for n in COPY_OPS}
+from sglang.srt.layers.attention.mamba import causal_conv1d as conv
+x, w, state = torch.randn(1, 6, 3, generator=g), torch.randn(6, 4, generator=g), torch.randn(2, 6, 3, generator=g)
+want = torch.nn.functional.conv1d(torch.cat([state[1:2], x], -1), w.unsqueeze(1), groups=6)[..., -3:]
+try:
+    got = conv.causal_conv1d_update(x, state.clone(), w, None, conv_state_indices=torch.tensor([1], dtype=torch.int32))
+    facts["conv1d_update"] = bool(torch.allclose(got, want, atol=1e-5))
+except Exception as exc:
+    facts["conv1d_update"] = type(exc).__name__
 print(json.dumps(facts))
 '''
 
@@ -131,12 +142,14 @@ def test_without_the_standin_sglangs_cpu_engine_cannot_import_its_memory_pool(pr
     assert facts["memory_pool"] == "ModuleNotFoundError: No module named 'sgl_kernel'"
 
 
-def test_without_patches_2_to_5_each_reason_holds(probes):
+def test_without_patches_2_to_6_each_reason_holds(probes):
     facts = probes["standin only"]
     assert facts["copy_ops"] == {n: None for n in cpu_support.COPY_OPS}  # patch 2: imported on CUDA/HIP only
     assert "NVIDIA driver" in facts["host_pool"]  # patch 3: the host pool is built pinned
     assert facts["use_pynccl"] is True  # patch 4: PyNccl by default, even on the CPU
     assert facts["swa_decode_reads_swa_slots"] is False  # patch 5: SWA layers read with full-pool slots
+    assert facts["mamba_copy_ops"] == {n: None for n in cpu_support.COPY_OPS}  # patch 6: CUDA/HIP only
+    assert facts["conv1d_update"] == "RuntimeError"  # patch 6: Triton, which finds no GPU driver
 
 
 def test_with_every_patch_sglangs_cpu_path_builds(probes):
@@ -145,6 +158,8 @@ def test_with_every_patch_sglangs_cpu_path_builds(probes):
     assert facts["host_pool"]["pinned"] is False
     assert facts["use_pynccl"] is False
     assert facts["swa_decode_reads_swa_slots"] is True
+    assert facts["mamba_copy_ops"] == {n: cpu_support.__name__ for n in cpu_support.COPY_OPS}
+    assert facts["conv1d_update"] is True
     assert "radixtier's CPU stand-in has no kernels" in facts["standin_call"]  # never called on this path
     assert facts["standin_submodule"] == "ModuleNotFoundError"  # SGLang's own fallbacks take over
     assert facts["standin_other_name"] is False
@@ -157,7 +172,8 @@ def test_every_standin_op_is_still_imported_by_sglang():
 
     import sglang
 
-    imported = set()
+    imported = {"sgl_kernel": set(), "sgl_kernel.mamba": set()}
+    torch_ops = set()
     for f in pathlib.Path(sglang.__file__).parent.rglob("*.py"):
         text = f.read_text(errors="replace")
         if "sgl_kernel" not in text:  # no import of it can hide in this file: parse only the rest
@@ -168,10 +184,19 @@ def test_every_standin_op_is_still_imported_by_sglang():
                 tree = ast.parse(text)
         except SyntaxError:
             continue
-        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "sgl_kernel"
-                     for a in node.names}
-    stale = [n for n in cpu_support.STANDIN_OPS if n not in imported]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in imported:
+                imported[node.module] |= {a.name for a in node.names}
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == "sgl_kernel" and isinstance(node.value.value, ast.Attribute)
+                  and node.value.value.attr == "ops"):
+                torch_ops.add(node.attr)  # torch.ops.sgl_kernel.<name>
+    stale = [n for n in cpu_support.STANDIN_OPS if n not in imported["sgl_kernel"]]
     assert not stale, f"SGLang no longer imports {stale} from sgl_kernel: drop them from STANDIN_OPS"
+    stale = [n for n in cpu_support.MAMBA_STANDIN_OPS if n not in imported["sgl_kernel.mamba"]]
+    assert not stale, f"SGLang no longer imports {stale} from sgl_kernel.mamba: drop them from MAMBA_STANDIN_OPS"
+    stale = [n for n in cpu_support.STANDIN_TORCH_OPS if n not in torch_ops]
+    assert not stale, f"SGLang no longer reads torch.ops.sgl_kernel.{stale}: drop them from STANDIN_TORCH_OPS"
 
 
 def test_install_refuses_unknown_patches_and_a_second_different_set():

@@ -1,6 +1,6 @@
 """Hybrid models through SGLang's real server with radixtier as L3: the KV pool through the v1
-calls and the sidecar pools (here Mellum's sliding-window pool) through HiCache's v2 calls, as users
-now run them. Greedy outputs are compared with the same server without L3 (tokens equal, logprobs
+calls and the sidecar pools (Mellum's sliding-window pool, LFM2's convolution state in the Mamba
+pool) through HiCache's v2 calls, as users now run them. Greedy outputs are compared with the same server without L3 (tokens equal, logprobs
 within 0.01), after a /flush_cache and after a restart on the same namespace.
 
 Mellum (SGLang's `MellumForCausalLM`): a tiny random model whose 4 layers alternate sliding-window
@@ -9,6 +9,9 @@ HiCache backs it up page by page beside the KV pool (`batch_set_v2` / `batch_get
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, Iterator
 
 import pytest
 
@@ -39,23 +42,21 @@ ARGS = ["--page-size", "64", "--max-total-tokens", "4096", "--max-running-reques
 CHAT = http_load.multi_turn_chat(sessions=2, turns=3, system_chars=900, user_chars=150, reply_chars=80, seed=41)
 
 
-@pytest.fixture(scope="module")
-def mellum(tmp_path_factory):
-    """The reference (no L3) and a radixtier server, started together; the reference's outputs are
-    recorded while radixtier's waits paused, then the reference stops."""
-    base = tmp_path_factory.getbasetemp()
-    model = write_model(str(base / "toy-mellum"), MELLUM)
-    work = tmp_path_factory.mktemp("mellum")
-    ref = SGLangServer(model, ARGS + hicache_args(extra_config=None, backend="", device=DEVICE),
+@contextlib.contextmanager
+def reference_and_radixtier(model: str, args: list, work, record: Callable[[SGLangServer], dict]) -> Iterator[tuple]:
+    """The same server without L3 and with radixtier, started together (a start-up is mostly imports);
+    `record(reference)` runs while radixtier's server waits paused, then the reference stops.
+    Yields (what record returned, the radixtier server, its namespace)."""
+    ref = SGLangServer(model, args + hicache_args(extra_config=None, backend="", device=DEVICE),
                        log_path=str(work / "reference.log"), device=DEVICE)
     ns = str(work / "ns.img")
-    rt = SGLangServer(model, ARGS + radixtier_args(ns, capacity=f"{128 * KV_SCALE}MiB", device=DEVICE),
+    rt = SGLangServer(model, args + radixtier_args(ns, capacity=f"{128 * KV_SCALE}MiB", device=DEVICE),
                       log_path=str(work / "radixtier.log"), device=DEVICE)
     start_together([ref, rt])
     try:
         rt.pause()
         with explained(ref):
-            out = passes(ref, CHAT)
+            out = record(ref)
         ref.stop()
         rt.resume()
         yield out, rt, ns
@@ -64,24 +65,11 @@ def mellum(tmp_path_factory):
         rt.stop()
 
 
-def test_mellum_chat_after_flush_and_restart_loads_kv_and_swa_pages_with_the_same_outputs(mellum):
-    """Mellum through SGLang's real server: after /flush_cache and after a restart on the same
-    namespace, prompts come partly from tier 3 (KV pages through the v1 calls, the sliding-window
-    sidecar through v2) and every greedy answer equals the server without L3; every page verifies."""
-    reference, s, ns = mellum
-    with explained(s):
-        runs = passes(s, CHAT)
-        same_outputs(reference["cold"], runs["cold"])
-        assert storage_tokens(runs["cold"]) == 0
-        assert storage_tokens(runs["flushed"]) > 0, [r.cached for r in runs["flushed"].replies]
-        same_outputs(reference["flushed"], runs["flushed"])
-        s.stop()
-        report = inspect_namespace(ns, verify=True)
-        assert report["used"] > 0 and report["errors"] == [], report["errors"][:5]
-        s.start()  # the same namespace: tier 3 (KV and SWA pages) survives the process
-        again = http_load.replay(s.url, CHAT)
-        assert storage_tokens(again) > 0, [r.cached for r in again.replies]
-        same_outputs(reference["flushed"], again)
+@pytest.fixture(scope="class")
+def mellum(tmp_path_factory):
+    model = write_model(str(tmp_path_factory.getbasetemp() / "toy-mellum"), MELLUM)
+    with reference_and_radixtier(model, ARGS, tmp_path_factory.mktemp("mellum"), lambda ref: passes(ref, CHAT)) as out:
+        yield out
 
 
 def corrupt_every_other_page(ns: str) -> int:
@@ -104,24 +92,93 @@ def corrupt_every_other_page(ns: str) -> int:
     return len(used[::2])
 
 
-def test_mellum_with_half_its_kv_and_swa_pages_corrupt_serves_the_same_outputs_and_keeps_prefetching(mellum):
-    """Every other tier-3 page damaged while the server is down (a sliding-window page bad beside a
-    sound KV page, and the reverse): each load is a shorter hit or a miss (SGLang discards a hybrid
-    prefetch whose SWA pages did not all come), the answers stay the reference's, and the prefetch
-    path keeps working: once SGLang backed the pages up again, a flush later they load from tier 3."""
-    reference, s, ns = mellum
-    with explained(s):
-        http_load.replay(s.url, CHAT)  # in tier 3, whichever case ran before
-        wait_for_backups(s)
-        s.stop()
-        assert corrupt_every_other_page(ns) > 0
-        s.start()
-        damaged = http_load.replay(s.url, CHAT)
-        same_outputs(reference["flushed"], damaged)
-        s.flush_cache()
-        again = http_load.replay(s.url, CHAT)  # SGLang still believed the freed pages stored: misses, then
-        same_outputs(reference["flushed"], again)  # it drops that belief and backs the pages up again
-        s.flush_cache()
-        healed = http_load.replay(s.url, CHAT)
-        assert storage_tokens(healed) > 0, [r.cached for r in healed.replies]
-        same_outputs(reference["flushed"], healed)
+class TestMellum:
+    """Cases sharing one Mellum pair (stopped after the last: an idle scheduler spins a core)."""
+
+    def test_mellum_chat_after_flush_and_restart_loads_kv_and_swa_pages_with_the_same_outputs(self, mellum):
+        """Mellum through SGLang's real server: after /flush_cache and after a restart on the same
+        namespace, prompts come partly from tier 3 (KV pages through the v1 calls, the sliding-window
+        sidecar through v2) and every greedy answer equals the server without L3; every page verifies."""
+        reference, s, ns = mellum
+        with explained(s):
+            runs = passes(s, CHAT)
+            same_outputs(reference["cold"], runs["cold"])
+            assert storage_tokens(runs["cold"]) == 0
+            assert storage_tokens(runs["flushed"]) > 0, [r.cached for r in runs["flushed"].replies]
+            same_outputs(reference["flushed"], runs["flushed"])
+            s.stop()
+            report = inspect_namespace(ns, verify=True)
+            assert report["used"] > 0 and report["errors"] == [], report["errors"][:5]
+            s.start()  # the same namespace: tier 3 (KV and SWA pages) survives the process
+            again = http_load.replay(s.url, CHAT)
+            assert storage_tokens(again) > 0, [r.cached for r in again.replies]
+            same_outputs(reference["flushed"], again)
+
+    def test_mellum_with_half_its_kv_and_swa_pages_corrupt_serves_the_same_outputs_and_keeps_prefetching(self, mellum):
+        """Every other tier-3 page damaged while the server is down (a sliding-window page bad beside a
+        sound KV page, and the reverse): each load is a shorter hit or a miss (SGLang discards a hybrid
+        prefetch whose SWA pages did not all come), the answers stay the reference's, and the prefetch
+        path keeps working: once SGLang backed the pages up again, a flush later they load from tier 3."""
+        reference, s, ns = mellum
+        with explained(s):
+            http_load.replay(s.url, CHAT)  # in tier 3, whichever case ran before
+            wait_for_backups(s)
+            s.stop()
+            assert corrupt_every_other_page(ns) > 0
+            s.start()
+            damaged = http_load.replay(s.url, CHAT)
+            same_outputs(reference["flushed"], damaged)
+            s.flush_cache()
+            again = http_load.replay(s.url, CHAT)  # SGLang still believed the freed pages stored: misses, then
+            same_outputs(reference["flushed"], again)  # it drops that belief and backs the pages up again
+            s.flush_cache()
+            healed = http_load.replay(s.url, CHAT)
+            assert storage_tokens(healed) > 0, [r.cached for r in healed.replies]
+            same_outputs(reference["flushed"], healed)
+
+
+# ---------------------------------------------------------------- LFM2: convolution state in SGLang's Mamba pool
+LFM2 = HFModelSpec(family="lfm2")
+# page size 1 (SGLang's Mamba `no_buffer` strategy takes no other); 32 state slots (default: millions)
+LFM2_ARGS = ["--page-size", "1", "--max-mamba-cache-size", "32", "--max-total-tokens", "4096", "--max-running-requests",
+             "4", "--enable-cache-report", "--enable-metrics", "--log-level", "info"]
+LFM2_CHAT = http_load.multi_turn_chat(sessions=2, turns=2, system_chars=600, user_chars=100, reply_chars=50, seed=43)
+# SGLang keeps a Mamba-type state only where a prompt ended: after a flush a conversation's next turn
+# (whose prompt extends the last one) is what can come from tier 3, not the same prompt again
+LFM2_NEXT = [http_load.Conversation(c.name, c.turns[1:], first_turn=1) for c in LFM2_CHAT]
+
+
+def lfm2_passes(s: SGLangServer) -> Dict[str, http_load.Run]:
+    first = http_load.replay(s.url, [http_load.Conversation(c.name, c.turns[:1]) for c in LFM2_CHAT])
+    s.flush_cache()
+    return {"first": first, "next": http_load.replay(s.url, LFM2_NEXT)}
+
+
+@pytest.fixture(scope="class")
+def lfm2(tmp_path_factory):
+    model = write_model(str(tmp_path_factory.getbasetemp() / "toy-lfm2"), LFM2)
+    with reference_and_radixtier(model, LFM2_ARGS, tmp_path_factory.mktemp("lfm2"), lfm2_passes) as out:
+        yield out
+
+
+class TestLfm2:
+    """The LFM2 pair's case (its servers stop after it)."""
+
+    def test_lfm2_next_turn_after_flush_and_restart_loads_kv_and_conv_state_with_the_same_outputs(self, lfm2):
+        """LFM2 through SGLang's real server: after /flush_cache, and after a restart on the same
+        namespace, a conversation's next turn loads its prefix from tier 3 -- KV pages through the v1
+        calls, the convolution state (SGLang's Mamba pool) through v2 -- with the reference's answers."""
+        reference, s, ns = lfm2
+        with explained(s):
+            runs = lfm2_passes(s)
+            same_outputs(reference["first"], runs["first"])
+            assert storage_tokens(runs["next"]) > 0, [r.cached for r in runs["next"].replies]
+            same_outputs(reference["next"], runs["next"])
+            s.stop()
+            report = inspect_namespace(ns, verify=True)
+            assert report["used"] > 0 and report["errors"] == [], report["errors"][:5]
+            s.start()
+            again = http_load.replay(s.url, LFM2_NEXT)
+            assert storage_tokens(again) > 0, [r.cached for r in again.replies]
+            same_outputs(reference["next"], again)
+

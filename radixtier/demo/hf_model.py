@@ -24,7 +24,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\
                  "{% if add_generation_prompt %}<s>assistant: {% endif %}")
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>")
 FORMAT = 2  # bumped whenever what write_model writes changes, so an old folder is rewritten
-FAMILIES = ("llama", "mellum")
+FAMILIES = ("llama", "mellum", "lfm2")
 CHARACTERS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 
 
@@ -40,9 +40,11 @@ class HFModelSpec:
     intermediate: int = 1024
     max_positions: int = 32768
     seed: int = 0
-    # "llama"; or "mellum": SGLang's hybrid sliding-window model (MellumForCausalLM), its layers
+    # "llama"; "mellum": SGLang's hybrid sliding-window model (MellumForCausalLM), its layers
     # alternating sliding (window `sliding_window` tokens) and full attention, dense MLPs -- SGLang
-    # then keeps an SWA sidecar pool beside the KV pool and calls the storage backend's v2 interface
+    # then keeps an SWA sidecar pool beside the KV pool and calls the storage backend's v2 interface;
+    # "lfm2": Lfm2ForCausalLM, layers alternating short convolution (its state in SGLang's Mamba
+    # pool, a sidecar too) and full attention
     family: str = "llama"
     sliding_window: int = 128
 
@@ -96,7 +98,14 @@ def write_model(folder: str, spec: HFModelSpec = HFModelSpec()) -> str:
                   head_dim=spec.head_dim, max_position_embeddings=spec.max_positions, bos_token_id=vocab["<s>"],
                   eos_token_id=vocab["</s>"], pad_token_id=vocab["<pad>"], tie_word_embeddings=False)
     torch.manual_seed(spec.seed)
-    if spec.family == "mellum":
+    if spec.family == "lfm2":
+        from transformers import Lfm2Config, Lfm2ForCausalLM
+
+        kinds = ["conv" if i % 2 == 0 else "full_attention" for i in range(spec.layers)]
+        common.pop("head_dim")
+        cfg = Lfm2Config(**common, layer_types=kinds, block_auto_adjust_ff_dim=False)
+        model = Lfm2ForCausalLM(cfg)
+    elif spec.family == "mellum":
         from transformers import MellumConfig, MellumForCausalLM
 
         kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.layers)]

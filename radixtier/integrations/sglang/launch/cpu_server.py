@@ -1,7 +1,7 @@
 """SGLang's real server on a CPU-only machine, run as `python -m radixtier.integrations.sglang.cpu_server ARGS`.
 
 ARGS are `sglang.launch_server`'s own. This module installs radixtier's CPU support layer
-(`cpu_support`: five patches, each for a named reason) and then runs `sglang.launch_server` as
+(`cpu_support`: six patches, each for a named reason) and then runs `sglang.launch_server` as
 `python -m sglang.launch_server ARGS` would. SGLang starts its scheduler and detokenizer processes
 with multiprocessing's spawn method, which imports the parent's `__main__` module (the documented
 `radixtier.integrations.sglang.cpu_server`, which imports this one) in each child as `__mp_main__`

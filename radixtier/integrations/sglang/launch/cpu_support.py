@@ -34,6 +34,12 @@ and demo go through the path users run. Each patch is as small as SGLang allows,
    answers changed (logprob difference 0.24 on Mellum; an index past the SWA pool can raise). For
    SWA layers the batch's rows of `req_to_token` are translated before the read, as the AMX
    backend does.
+6. **Mamba-type hybrids (LFM2's short convolutions).** For every Mamba / linear-attention config
+   SGLang imports `sgl_kernel.mamba` (and reads two `torch.ops.sgl_kernel` gated-delta-net names) on
+   the CPU: the stand-in serves them, raising if called (LFM2 calls none). Its causal depthwise
+   convolutions (`layers/attention/mamba/causal_conv1d.py`) have only a Triton path without CUDA:
+   torch versions take their place. The Mamba host pool gets the same torch L1<->L2 copies
+   (`pool_host/mamba.py`) and is built unpinned, as in patches 2 and 3.
 
 The patches are applied as their modules are imported (an import hook), in every SGLang process:
 `python -m radixtier.integrations.sglang.cpu_server` runs `sglang.launch_server` after `install()`,
@@ -63,11 +69,19 @@ STANDIN_OPS = (
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",
 )
+# What SGLang imports from sgl_kernel.mamba on the CPU, for every Mamba / linear-attention config
+# (attention_registry -> linear/kda_backend.py, gdn_backend.py); LFM2's short convolutions call none.
+MAMBA_STANDIN_OPS = ("causal_conv1d_update_cpu", "causal_conv1d_fn_cpu", "chunk_gated_delta_rule_cpu")
+# torch.ops.sgl_kernel names the same modules read at import (gated delta net ops; LFM2 calls neither).
+# No `convert_weight_packed` among them: SGLang's AMX check stays False, its torch fallbacks stay on.
+STANDIN_TORCH_OPS = ("fused_sigmoid_gating_delta_rule_update_cpu", "fused_gdn_gating_cpu")
 COPY_OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf")
-HOST_POOL_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla")
+HOST_POOL_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla",
+                     "sglang.srt.mem_cache.pool_host.mamba")
 ASSEMBLER_MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
 TORCH_NATIVE_MODULE = "sglang.srt.layers.attention.torch_native_backend"
+CONV1D_MODULE = "sglang.srt.layers.attention.mamba.causal_conv1d"
 
 
 class CudaPresentError(RuntimeError):
@@ -76,14 +90,19 @@ class CudaPresentError(RuntimeError):
 
 # ---------------------------------------------------------------- patch 1: sgl_kernel stand-in
 class _StandinKernel(types.ModuleType):
-    """`sgl_kernel` with only STANDIN_OPS; each raises if called (none is, on this path)."""
+    """`sgl_kernel` (or its `mamba` submodule) with only the ops named; each raises if called (none
+    is, on this path)."""
+
+    def __init__(self, name: str, ops: Sequence[str]) -> None:
+        super().__init__(name)
+        self._ops = tuple(ops)
 
     def __getattr__(self, name: str):
-        if name not in STANDIN_OPS:
-            raise AttributeError(f"module 'sgl_kernel' (radixtier's CPU stand-in) has no attribute {name!r}")
+        if name.startswith("__") or name not in self._ops:
+            raise AttributeError(f"module {self.__name__!r} (radixtier's CPU stand-in) has no attribute {name!r}")
 
         def op(*_args, **_kwargs):
-            raise NotImplementedError(f"sgl_kernel.{name}: radixtier's CPU stand-in has no kernels; "
+            raise NotImplementedError(f"{self.__name__}.{name}: radixtier's CPU stand-in has no kernels; "
                                       f"this SGLang path needs a real sgl_kernel CPU build")
         op.__name__ = op.__qualname__ = name
         setattr(self, name, op)
@@ -133,7 +152,9 @@ def _unpinned(cls: type) -> type:
         def __init__(self, *args, **kwargs):
             kwargs["pin_memory"] = False
             super().__init__(*args, **kwargs)
-            self.kv_buffer.zero_()
+            buffers = self.kv_buffer if isinstance(self.kv_buffer, (list, tuple)) else [self.kv_buffer]
+            for b in buffers:  # the Mamba pool's is a list (temporal state, then each conv state)
+                b.zero_()
 
     Unpinned.__name__ = Unpinned.__qualname__ = cls.__name__
     Unpinned.__module__ = cls.__module__
@@ -148,6 +169,7 @@ def _patch_assembler(module: types.ModuleType) -> None:
 
     module.get_mha_host_pool_cls = get_mha_host_pool_cls
     module.MLATokenToKVPoolHost = _unpinned(module.MLATokenToKVPoolHost)
+    module.MambaPoolHost = _unpinned(module.MambaPoolHost)  # hybrids' state pool (LFM2, Mamba2, ...)
 
 
 # ---------------------------------------------------------------- patch 4: gloo, not PyNccl
@@ -210,6 +232,74 @@ def _patch_torch_native(module: types.ModuleType) -> None:
     cls._radixtier_swa_rows = True
 
 
+# ---------------------------------------------------------------- patch 6: short convolutions in torch
+def causal_conv1d_fn(x: Any, weight: Any, bias: Any = None, query_start_loc: Any = None, cache_indices: Any = None,
+                     has_initial_state: Any = None, conv_states: Any = None, activation: Optional[str] = "silu",
+                     pad_slot_id: int = -1, **_kwargs: Any) -> Any:
+    """SGLang's varlen causal depthwise conv (prefill) in torch: x (dim, tokens) holds the batch's
+    sequences end to end (query_start_loc); each starts from its conv state (conv_states[cache_indices[b]],
+    the last inputs it saw) where has_initial_state[b], else from zeros, and leaves its last inputs there."""
+    import torch
+
+    dim, width = weight.shape
+    starts = [0, x.shape[-1]] if query_start_loc is None else query_start_loc.tolist()
+    out = torch.empty_like(x)
+    for b in range(len(starts) - 1):
+        s, e = starts[b], starts[b + 1]
+        idx = None if cache_indices is None else int(cache_indices[b])
+        if idx == pad_slot_id:
+            continue
+        state_len = conv_states.shape[-1] if conv_states is not None and idx is not None else width - 1
+        if conv_states is not None and idx is not None and has_initial_state is not None and bool(has_initial_state[b]):
+            before = conv_states[idx].to(x.dtype)
+        else:
+            before = x.new_zeros((dim, state_len))
+        full = torch.cat([before, x[:, s:e]], dim=1)
+        window = full[:, state_len - (width - 1):]
+        y = torch.nn.functional.conv1d(window.unsqueeze(0), weight.unsqueeze(1).to(x.dtype),
+                                       None if bias is None else bias.to(x.dtype), groups=dim).squeeze(0)
+        out[:, s:e] = torch.nn.functional.silu(y) if activation in ("silu", "swish") else y
+        if conv_states is not None and idx is not None:
+            conv_states[idx] = full[:, -state_len:].to(conv_states.dtype)
+    return out
+
+
+def causal_conv1d_update(x: Any, conv_state: Any, weight: Any, bias: Any = None, activation: Optional[str] = None,
+                         cache_seqlens: Any = None, conv_state_indices: Any = None, pad_slot_id: int = -1) -> Any:
+    """SGLang's causal depthwise conv for decode in torch: x (batch, dim[, tokens]) continues each
+    request's conv state (conv_state[conv_state_indices[b]]), which is shifted to end with x."""
+    import torch
+
+    if cache_seqlens is not None:
+        raise NotImplementedError("causal_conv1d_update: a circular conv state (cache_seqlens) has no torch path here")
+    dim, width = weight.shape
+    squeeze = x.dim() == 2
+    x3 = x.unsqueeze(-1) if squeeze else x
+    batch, _, tokens = x3.shape
+    idx = torch.arange(batch) if conv_state_indices is None else conv_state_indices.long()
+    live = idx != pad_slot_id
+    out = torch.zeros_like(x3)
+    if bool(live.any()):
+        rows = idx[live]
+        state = conv_state[rows].to(x.dtype)
+        state_len = state.shape[-1]
+        full = torch.cat([state, x3[live]], dim=-1)
+        windows = full[:, :, state_len - (width - 1):].unfold(-1, width, 1)  # (b, dim, tokens, width)
+        y = (windows * weight.to(x.dtype)[None, :, None, :]).sum(-1)
+        if bias is not None:
+            y = y + bias.to(x.dtype)[None, :, None]
+        out[live] = torch.nn.functional.silu(y) if activation in ("silu", "swish") else y
+        conv_state[rows] = full[:, :, -state_len:].to(conv_state.dtype)
+    return out.squeeze(-1) if squeeze else out
+
+
+def _patch_conv1d(module: types.ModuleType) -> None:
+    if getattr(module, "_HAS_CONV1D_KERNEL", False):  # a compiled kernel: never replaced
+        return
+    module.causal_conv1d_fn = causal_conv1d_fn
+    module.causal_conv1d_update = causal_conv1d_update
+
+
 # patch name -> {module: what to do to it once it is imported}; "sgl_kernel" is the stand-in (no module patch)
 PATCHES: Dict[str, Dict[str, Callable[[types.ModuleType], None]]] = {
     "sgl_kernel": {},
@@ -217,6 +307,7 @@ PATCHES: Dict[str, Dict[str, Callable[[types.ModuleType], None]]] = {
     "unpinned_host_pool": {ASSEMBLER_MODULE: _patch_assembler},
     "no_pynccl": {PARALLEL_STATE_MODULE: _patch_parallel_state},
     "swa_rows": {TORCH_NATIVE_MODULE: _patch_torch_native},
+    "conv1d": {CONV1D_MODULE: _patch_conv1d},
 }
 
 
@@ -243,8 +334,8 @@ class _SupportFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.names, self.standin, self.module_patches = names, standin, module_patches
 
     def find_spec(self, name: str, path=None, target=None):
-        if name == "sgl_kernel" and self.standin:
-            return importlib.machinery.ModuleSpec(name, self)
+        if name in STANDIN_MODULES and self.standin:
+            return importlib.machinery.ModuleSpec(name, self, is_package=name == "sgl_kernel")
         patch = self.module_patches.get(name)
         if patch is None:
             return None
@@ -255,7 +346,10 @@ class _SupportFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return spec
 
     def create_module(self, spec):  # the stand-in
-        return _StandinKernel(spec.name)
+        module = _StandinKernel(spec.name, STANDIN_MODULES[spec.name])
+        if spec.name == "sgl_kernel":
+            module.__path__ = []  # a package, so `sgl_kernel.mamba` can be found; other submodules stay missing
+        return module
 
     def exec_module(self, module) -> None:
         pass
@@ -271,6 +365,25 @@ def _find_real_spec(name, path, target, skip):
     return None
 
 
+STANDIN_MODULES = {"sgl_kernel": STANDIN_OPS, "sgl_kernel.mamba": MAMBA_STANDIN_OPS}
+_standin_library = None  # torch.library.Library holding STANDIN_TORCH_OPS (kept alive: dropping it unregisters)
+
+
+def _register_standin_torch_ops() -> None:
+    """torch.ops.sgl_kernel.<name> for STANDIN_TORCH_OPS, each raising NotImplementedError if called."""
+    global _standin_library
+    import torch
+
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name in STANDIN_TORCH_OPS:
+        if hasattr(torch.ops.sgl_kernel, name):
+            continue
+        lib.define(f"{name}(Tensor x) -> Tensor")
+
+        def raising(x, _name=name):
+            raise NotImplementedError(f"torch.ops.sgl_kernel.{_name}: radixtier's CPU stand-in has no kernels")
+        lib.impl(name, raising, "CompositeExplicitAutograd")
+    _standin_library = lib
 _installed: Optional[_SupportFinder] = None
 
 
@@ -303,6 +416,8 @@ def install(only: Optional[Sequence[str]] = None) -> None:
     _installed = _SupportFinder(set(names), standin="sgl_kernel" in names and not real_kernel,
                                 module_patches=module_patches)
     sys.meta_path.insert(0, _installed)
+    if _installed.standin:
+        _register_standin_torch_ops()
     for mod, patch in module_patches.items():  # modules this process imported before install()
         module = sys.modules.get(mod)
         if module is not None:

@@ -234,9 +234,19 @@ class SGLangServer:
         r.raise_for_status()
         return r
 
-    def flush_cache(self) -> None:
-        """Empty SGLang's device and host tiers (tier 3 keeps its pages)."""
-        self._post("/flush_cache")
+    def flush_cache(self, timeout_s: float = 30.0) -> None:
+        """Empty SGLang's device and host tiers (tier 3 keeps its pages). SGLang refuses (400) while
+        work is pending -- a hybrid's state copies can still be in flight after the last reply --
+        so a refusal is asked again until `timeout_s`, then raised."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._post("/flush_cache")
+                return
+            except requests.HTTPError as exc:
+                if exc.response is None or exc.response.status_code != 400 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def metrics(self) -> str:
         return requests.get(self.url + "/metrics", timeout=10).text
