@@ -288,6 +288,8 @@ def replay(prompts: List[List[int]], nodes: List[SimNode], indexer, progress, re
 def run(args) -> Dict[str, object]:
     from tqdm import tqdm
 
+    import zmq
+
     from radixtier.testing.dynamo_indexer import DynamoIndexer
     from radixtier.testing.redis_server import free_port
 
@@ -297,14 +299,31 @@ def run(args) -> Dict[str, object]:
     restart_at = int(len(prompts) * args.restart_at) if args.restart_at > 0 else None
     if restart_at is not None:
         fleets.update({"restart, re-announced": True, "restart, not re-announced": True})
-    ports = {(f, i): free_port() for f in fleets for i in range(args.nodes)}
+    keys = [(f, i) for f in fleets for i in range(args.nodes)]
+    chosen: List[int] = []
+    while len(chosen) < len(keys):  # distinct: two draws of free_port may name one port
+        port = free_port()
+        if port not in chosen:
+            chosen.append(port)
+    ports = dict(zip(keys, chosen))
     wid = {(f, i): (k + 1) * 100 + i for k, f in enumerate(fleets) for i in range(args.nodes)}
     results: Dict[str, object] = {}
     with tempfile.TemporaryDirectory() as work:
-        nodes = {f: [SimNode(wid[(f, i)], f"tcp://*:{ports[(f, i)]}", args.fast_pages, args.tier3_pages, seen)
-                     for i in range(args.nodes)] for f, seen in fleets.items()}
-        indexer = DynamoIndexer(work, PAGE, {wid[k]: f"tcp://127.0.0.1:{p}" for k, p in ports.items()})
-        try:
+        nodes: Dict[str, List[SimNode]] = {f: [] for f in fleets}
+        indexer = None
+        try:  # every node made is closed, also when a later one fails (its stream would stay bound)
+            for f, seen in fleets.items():
+                for i in range(args.nodes):
+                    for attempt in range(5):  # a port free on loopback may be taken on another interface
+                        try:
+                            nodes[f].append(SimNode(wid[(f, i)], f"tcp://*:{ports[(f, i)]}", args.fast_pages,
+                                                    args.tier3_pages, seen))
+                            break
+                        except zmq.ZMQError:
+                            if attempt == 4:
+                                raise
+                            ports[(f, i)] = next(p for p in iter(free_port, None) if p not in ports.values())
+            indexer = DynamoIndexer(work, PAGE, {wid[k]: f"tcp://127.0.0.1:{p}" for k, p in ports.items()})
             with tqdm(total=len(prompts) * len(fleets), desc="router replay", unit="req") as progress:
                 for fleet in fleets:
                     restarts = fleet.startswith("restart")
@@ -319,7 +338,8 @@ def run(args) -> Dict[str, object]:
                         "reuse_share": (served.fast + served.tier3) / total if total else 0.0,
                         "requests_per_node": served.per_node, "after_restart": served.after_restart}
         finally:
-            indexer.stop()
+            if indexer is not None:
+                indexer.stop()
             for fleet_nodes in nodes.values():
                 for n in fleet_nodes:
                     n.close()

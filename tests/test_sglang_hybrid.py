@@ -14,6 +14,7 @@ import contextlib
 from typing import Callable, Dict, Iterator
 
 import pytest
+import requests
 
 from radixtier.testing.skips import require_sglang
 
@@ -40,6 +41,7 @@ ARGS = ["--page-size", "64", "--max-total-tokens", "4096", "--max-running-reques
         "--enable-metrics", "--log-level", "info"]
 # prompts well past the 128-token window: a load must bring each sliding layer's last window back
 CHAT = http_load.multi_turn_chat(sessions=2, turns=3, system_chars=900, user_chars=150, reply_chars=80, seed=41)
+FRESH = http_load.multi_turn_chat(sessions=3, turns=2, system_chars=800, user_chars=150, reply_chars=80, seed=47)
 
 
 @contextlib.contextmanager
@@ -68,7 +70,9 @@ def reference_and_radixtier(model: str, args: list, work, record: Callable[[SGLa
 @pytest.fixture(scope="class")
 def mellum(tmp_path_factory):
     model = write_model(str(tmp_path_factory.getbasetemp() / "toy-mellum"), MELLUM)
-    with reference_and_radixtier(model, ARGS, tmp_path_factory.mktemp("mellum"), lambda ref: passes(ref, CHAT)) as out:
+    def record(ref: SGLangServer) -> dict:
+        return {**passes(ref, CHAT), "fresh": http_load.replay(ref.url, FRESH)}
+    with reference_and_radixtier(model, ARGS, tmp_path_factory.mktemp("mellum"), record) as out:
         yield out
 
 
@@ -114,8 +118,28 @@ class TestMellum:
             assert storage_tokens(again) > 0, [r.cached for r in again.replies]
             same_outputs(reference["flushed"], again)
 
+    def test_mellum_killed_while_backing_up_kv_and_swa_pages_restarts_verified_with_the_same_outputs(self, mellum):
+        """kill -9 while KV and sliding-window pages of fresh conversations are being backed up (a KV
+        page may land without its SWA page, or the reverse): the namespace verifies, and after the
+        restart those conversations load what landed -- a shorter hit or a miss -- with the answers
+        of the server without L3."""
+        reference, s, ns = mellum
+        with explained(s):
+            seen = []
+
+            def kill_after_two(reply) -> None:
+                seen.append(reply)
+                if len(seen) == 2:
+                    s.kill()
+            with pytest.raises((requests.RequestException, RuntimeError)):
+                http_load.replay(s.url, FRESH, concurrency=3, on_reply=kill_after_two)
+            report = inspect_namespace(ns, verify=True)
+            assert report["errors"] == [], report["errors"][:5]
+            s.start()
+            same_outputs(reference["fresh"], http_load.replay(s.url, FRESH))
+
     def test_mellum_with_half_its_kv_and_swa_pages_corrupt_serves_the_same_outputs_and_keeps_prefetching(self, mellum):
-        """Every other tier-3 page damaged while the server is down (a sliding-window page bad beside a
+        """(Last of the class: the pages it damages and nothing reads again stay damaged.) Every other tier-3 page damaged while the server is down (a sliding-window page bad beside a
         sound KV page, and the reverse): each load is a shorter hit or a miss (SGLang discards a hybrid
         prefetch whose SWA pages did not all come), the answers stay the reference's, and the prefetch
         path keeps working: once SGLang backed the pages up again, a flush later they load from tier 3."""
@@ -135,6 +159,7 @@ class TestMellum:
             healed = http_load.replay(s.url, CHAT)
             assert storage_tokens(healed) > 0, [r.cached for r in healed.replies]
             same_outputs(reference["flushed"], healed)
+
 
 
 # ---------------------------------------------------------------- LFM2: convolution state in SGLang's Mamba pool
